@@ -1,0 +1,143 @@
+"""The Python API the CLI is built on:
+
+    from treegen import Generator
+    g = Generator()                                # the shipped demo pair, best method
+    print(g.generate("def fib(n):", max_new_tokens=64).text)
+    for chunk in g.stream("import os\\n", temperature=0.8, seed=1):
+        print(chunk.text, end="", flush=True)
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from .drafters import build_drafter
+from .engine.generate import DEFAULT_MAX_NEW_TOKENS, GenerationConfig, Round, generate
+from .engine.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Sampler
+from .engine.stats import Stats
+from .loading import DEFAULT_ATTN, DEFAULT_DEVICE, DEFAULT_DTYPE, context_length, eos_ids, load_target
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One round as the user sees it: the text it added and the round's numbers."""
+    text: str
+    round: Round
+    stats: Stats             # running totals, shared and updated in place as the stream goes on
+    finish: str | None = None
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    stats: Stats
+    finish: str | None = None
+
+
+class StreamDecoder:
+    """Turns token ids into text deltas without re-decoding everything or splitting a UTF-8 character."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.prefix, self.read = tokenizer, [], 0, 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def push(self, ids: list[int]) -> str:
+        self.ids.extend(ids)
+        done = self._decode(self.ids[self.prefix:self.read])
+        full = self._decode(self.ids[self.prefix:])
+        if full.endswith("\ufffd"):
+            return ""  # a multi-byte character is still incomplete
+        self.prefix, self.read = self.read, len(self.ids)
+        return full[len(done):]
+
+
+@dataclass
+class Generator:
+    """A loaded target (+ tokenizer) and a drafting method, ready to generate."""
+    target: str | None = None            # hub id or folder; None = the shipped demo target
+    method: str = "auto"                 # "auto" = the best method the drafter allows
+    drafter: str | None = None
+    method_options: dict = field(default_factory=dict)
+    dtype: str = DEFAULT_DTYPE
+    device: str = DEFAULT_DEVICE
+    device_map: str | None = None
+    load_in_8bit: bool = False
+    load_in_4bit: bool = False
+    attn_implementation: str = DEFAULT_ATTN
+
+    def __post_init__(self):
+        from .assets import DEMO_DRAFTER, DEMO_TARGET, best_method
+
+        if self.target is None:
+            self.target = str(DEMO_TARGET)
+            self.drafter = self.drafter or (str(DEMO_DRAFTER) if DEMO_DRAFTER.exists() else None)
+        if self.method == "auto":
+            self.method = best_method(self.drafter)
+        self.model, self.tokenizer = load_target(
+            self.target, dtype=self.dtype, device=self.device, device_map=self.device_map,
+            load_in_8bit=self.load_in_8bit, load_in_4bit=self.load_in_4bit,
+            attn_implementation=self.attn_implementation)
+        self.draft_model = build_drafter(self.method, self.model, self.drafter, self.method_options)
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return list(prompt)
+
+    def config(self, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = DEFAULT_TEMPERATURE,
+               top_k: int = DEFAULT_TOP_K, top_p: float = DEFAULT_TOP_P, min_p: float = DEFAULT_MIN_P,
+               seed: int | None = None) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens, Sampler(temperature, top_k, top_p, min_p), seed,
+                                eos_ids(self.model, self.tokenizer), context_length(self.model))
+
+    def stream(self, prompt: str | list[int], *, stop: tuple[str, ...] = (), **sampling) -> Iterator[Chunk]:
+        """Yield a Chunk per round; stops at EOS, max_new_tokens, the context limit or a stop string."""
+        ids = self.encode(prompt)
+        rounds = generate(self.model, self.draft_model, torch.tensor(ids), self.config(**sampling))
+        return self._chunks(rounds, stop)
+
+    def _chunks(self, rounds: Iterator[Round], stop: tuple[str, ...]) -> Iterator[Chunk]:
+        decoder, stats, text = StreamDecoder(self.tokenizer), Stats(), ""
+        t0 = time.perf_counter()
+        try:
+            for r in rounds:
+                delta, finish = decoder.push(r.tokens), r.finish
+                cut = _stop_at(text, delta, stop)
+                if cut is not None:
+                    delta, finish = delta[:cut], "stop"
+                text += delta
+                stats.add(r)
+                stats.wall_time, stats.finish = time.perf_counter() - t0, finish
+                yield Chunk(delta, r, stats, finish)
+                if finish:
+                    return
+        finally:
+            rounds.close()  # a consumer that stops early (Ctrl-C, closed pipe) frees the cache now
+
+    def generate(self, prompt: str | list[int], **kwargs) -> Completion:
+        prompt_ids = self.encode(prompt)
+        parts, token_ids, stats, finish = [], [], Stats(), None
+        for chunk in self.stream(prompt_ids, **kwargs):
+            parts.append(chunk.text)
+            token_ids.extend(chunk.round.tokens)
+            stats, finish = chunk.stats, chunk.finish
+        return Completion("".join(parts), token_ids, prompt_ids, stats, finish)
+
+
+def _stop_at(text: str, delta: str, stop: tuple[str, ...]) -> int | None:
+    """Index into delta where the earliest stop string begins (the stop string itself is not emitted)."""
+    best = None
+    for s in stop:
+        start = max(0, len(text) - len(s) + 1)
+        pos = (text + delta).find(s, start)
+        if pos != -1:
+            cut = max(pos - len(text), 0)
+            best = cut if best is None else min(best, cut)
+    return best

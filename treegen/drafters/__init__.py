@@ -1,0 +1,85 @@
+"""Drafting methods, by name. Each implements treegen.drafters.base.Drafter; options are checked here."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+class MethodError(ValueError):
+    """An unknown method, or options it does not take; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    description: str
+    build: Callable[..., Any]   # build(target_model, drafter_path, **options) -> Drafter
+    needs_drafter: bool = False
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options build() takes, with their defaults."""
+        params = inspect.signature(self.build).parameters.values()
+        return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+
+
+def _ar(target, drafter_path):
+    from .ar import ARDrafter
+    return ARDrafter()
+
+
+def _pld(target, drafter_path, *, max_ngram: int = 3, min_ngram: int = 1, draft_len: int = 10,
+         branches: int = 4):
+    from .pld import PromptLookupDrafter
+    return PromptLookupDrafter(max_ngram, min_ngram, draft_len, branches)
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register(method: Method) -> None:
+    METHODS[method.name] = method
+
+
+register(Method("ar", "plain decoding, no drafts (the baseline of every speedup)", _ar))
+register(Method("pld", "prompt lookup: n-gram matches in the text so far, as a chain or a tree", _pld))
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise MethodError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}")
+    return METHODS[name]
+
+
+def check_options(method: Method, options: dict[str, Any]) -> dict[str, Any]:
+    """Unknown keys and wrong types fail with the key named and what was expected."""
+    known = method.options
+    for key, value in options.items():
+        if key not in known:
+            raise MethodError(f"method {method.name!r} has no option {key!r}; it takes: "
+                              f"{', '.join(sorted(known)) or 'none'}")
+        if not _type_ok(value, known[key]):
+            raise MethodError(f"method {method.name!r} option {key!r} must be {type(known[key]).__name__}, "
+                              f"got {value!r}")
+    return {**known, **options}
+
+
+def _type_ok(value: Any, default: Any) -> bool:
+    if default is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
+
+
+def build_drafter(name: str, target, drafter_path: str | None = None, options: dict | None = None):
+    method = get_method(name)
+    if method.needs_drafter and not drafter_path:
+        raise MethodError(f"method {name!r} needs a drafter checkpoint (--drafter PATH)")
+    return method.build(target, drafter_path, **check_options(method, dict(options or {})))
+
+
+__all__ = ["METHODS", "Method", "MethodError", "build_drafter", "check_options", "get_method", "register"]

@@ -1,0 +1,1 @@
+"""The round loop shared by every drafting method: tree, verification, cache compaction, generate()."""

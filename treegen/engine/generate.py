@@ -1,0 +1,168 @@
+"""generate(): the round loop every method shares, as a generator of Round events.
+
+A round: the drafter proposes a tree under the anchor; ONE target forward scores [anchor; tree] with an
+ancestor mask; verification walks the tree; the cache is compacted to the accepted path; the drafter
+is told what was committed. Prefill is round 0 and commits the first token.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from ..drafters.base import DraftState, Drafter
+from .cache import check_compactable, compact, new_cache
+from .sampling import Sampler
+from .tree import DraftTree, verification_inputs
+from .verify import Verdict, verify_tree
+
+DEFAULT_MAX_NEW_TOKENS = 256
+
+
+class PromptTooLong(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    sampler: Sampler = field(default_factory=Sampler)
+    seed: int | None = None
+    eos_token_ids: frozenset[int] = frozenset()
+    context_length: int | None = None  # positions the target can attend over; None = unbounded
+
+    def __post_init__(self):
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class Round:
+    index: int              # 0 is the prefill
+    tokens: list[int]       # tokens committed this round, after truncation at EOS / limits
+    drafted: int            # nodes in the verified tree
+    depth: int              # depth of that tree
+    accepted: int           # draft tokens accepted (before truncation); committed = accepted + 1
+    t_draft: float
+    t_verify: float
+    t_commit: float
+    finish: str | None = None  # "eos" | "length" | "context" on the last round
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Loop:
+    """The state of one generation: target cache, committed ids, and the step functions of a round."""
+
+    def __init__(self, model, drafter: Drafter, prompt: torch.Tensor, config: GenerationConfig):
+        self.model, self.drafter, self.config = model, drafter, config
+        self.device = prompt.device
+        self.layer_ids = tuple(drafter.target_layer_ids)
+        self.cache = new_cache(model)
+        self.tokens = prompt.clone()   # committed ids; the last is the anchor, whose KV is not cached yet
+        self.prompt_len = prompt.numel()
+        self.generator = None
+        if config.seed is not None:
+            self.generator = torch.Generator(self.device).manual_seed(config.seed)
+
+    @property
+    def past_len(self) -> int:
+        return self.tokens.numel() - 1
+
+    def target_forward(self, ids, positions, mask):
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
+                         use_cache=True, output_hidden_states=bool(self.layer_ids))
+        feats = None
+        if self.layer_ids:
+            feats = torch.cat([out.hidden_states[i + 1][0] for i in self.layer_ids], dim=-1)
+        return out.logits[0], feats
+
+    def prefill(self) -> list[int]:
+        ids = self.tokens.view(1, -1)
+        logits, feats = self.target_forward(ids, torch.arange(ids.shape[1], device=self.device)[None], None)
+        check_compactable(self.cache)
+        first = int(self.config.sampler.sample(logits[-1:], self.generator)[0])
+        self.drafter.begin(self.tokens, feats)
+        return [first]
+
+    def room(self) -> int:
+        """Deepest tree the limits allow: committed tokens never pass the context or max_new_tokens."""
+        left = self.config.max_new_tokens - self.generated
+        if self.config.context_length is not None:
+            left = min(left, self.config.context_length - self.tokens.numel())
+        return left - 1
+
+    @property
+    def generated(self) -> int:
+        return self.tokens.numel() - self.prompt_len
+
+    def draft(self) -> DraftTree:
+        tree = self.drafter.propose(DraftState(self.tokens, self.room()))
+        return tree.dedup().truncate_depth(self.room()) if len(tree) else tree
+
+    def verify(self, tree: DraftTree) -> tuple[Verdict, torch.Tensor | None]:
+        ids, pos, mask = verification_inputs(int(self.tokens[-1]), tree, self.past_len, self.model.dtype)
+        logits, feats = self.target_forward(ids, pos, mask)
+        return verify_tree(tree, logits, self.config.sampler, self.generator), feats
+
+    def commit(self, verdict: Verdict, feats: torch.Tensor | None) -> None:
+        rows = [0] + [i + 1 for i in verdict.path]
+        compact(self.cache, self.past_len, rows)
+        self.drafter.commit(verdict.tokens, None if feats is None else feats[rows])
+
+    def append(self, tokens: list[int]) -> tuple[list[int], str | None]:
+        """Commit tokens to the sequence, cut at the first EOS or a limit; say why generation ends, if it does."""
+        finish = None
+        for i, tok in enumerate(tokens):
+            if tok in self.config.eos_token_ids:
+                tokens, finish = tokens[:i + 1], "eos"
+                break
+        tokens = tokens[:self.config.max_new_tokens - self.generated]
+        self.tokens = torch.cat([self.tokens, torch.tensor(tokens, dtype=torch.long, device=self.device)])
+        if finish is None and self.generated >= self.config.max_new_tokens:
+            finish = "length"
+        if finish is None and self.room() < 0:
+            finish = "context"
+        return tokens, finish
+
+
+def generate(model, drafter: Drafter, prompt_ids: torch.Tensor, config: GenerationConfig) -> Iterator[Round]:
+    """Yield one Round per target forward until EOS, max_new_tokens or the context limit."""
+    prompt = prompt_ids.flatten().long().to(model.device)
+    if prompt.numel() == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    limit = config.context_length
+    if limit is not None and prompt.numel() >= limit:
+        raise PromptTooLong(f"the prompt is {prompt.numel()} tokens; the target's context holds {limit}, "
+                            f"leaving no room to generate")
+    if config.max_new_tokens == 0:
+        return iter(())
+    return _rounds(_Loop(model, drafter, prompt, config))
+
+
+@torch.inference_mode()  # torch enters and leaves the mode around each step of a generator
+def _rounds(loop: _Loop) -> Iterator[Round]:
+    t0 = time.perf_counter()
+    tokens, finish = loop.append(loop.prefill())
+    _sync(loop.device)
+    yield Round(0, tokens, 0, 0, 0, 0.0, time.perf_counter() - t0, 0.0, finish)
+    index = 0
+    while finish is None:
+        index += 1
+        t0 = time.perf_counter()
+        tree = loop.draft()
+        _sync(loop.device)
+        t1 = time.perf_counter()
+        verdict, feats = loop.verify(tree)
+        t2 = time.perf_counter()
+        loop.commit(verdict, feats)
+        tokens, finish = loop.append(verdict.tokens)
+        _sync(loop.device)
+        t3 = time.perf_counter()
+        depth = int(tree.depth.max()) if len(tree) else 0
+        yield Round(index, tokens, len(tree), depth, len(verdict.path), t1 - t0, t2 - t1, t3 - t2, finish)

@@ -1,0 +1,68 @@
+"""Samplers: the target's processed distribution, applied identically by plain decoding and by verification.
+
+Order (as in transformers' generate): temperature, then top-k, then top-p, then min-p. Verification
+draws from exactly this distribution, which is what makes every drafting method lossless.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_TEMPERATURE = 0.0
+DEFAULT_TOP_K = 0      # 0 = off
+DEFAULT_TOP_P = 1.0    # 1 = off
+DEFAULT_MIN_P = 0.0    # 0 = off
+
+
+@dataclass(frozen=True)
+class Sampler:
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int = DEFAULT_TOP_K
+    top_p: float = DEFAULT_TOP_P
+    min_p: float = DEFAULT_MIN_P
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"min-p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """[..., V] logits -> [..., V] probabilities of the processed distribution (T > 0 only)."""
+        return torch.softmax(self.filtered_logits(logits), dim=-1)
+
+    def filtered_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        x = logits.float() / self.temperature
+        if self.top_k and self.top_k < x.shape[-1]:
+            kth = torch.topk(x, self.top_k, dim=-1).values[..., -1:]
+            x = x.masked_fill(x < kth, -torch.inf)
+        if self.top_p < 1:
+            x = _top_p(x, self.top_p)
+        if self.min_p > 0:
+            p = torch.softmax(x, dim=-1)
+            x = x.masked_fill(p < self.min_p * p.max(dim=-1, keepdim=True).values, -torch.inf)
+        return x
+
+    def sample(self, logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """One token per row of [rows, V] logits: argmax at T=0, else one draw from probs()."""
+        if self.greedy:
+            return logits.argmax(dim=-1)
+        return torch.multinomial(self.probs(logits), 1, generator=generator).squeeze(-1)
+
+
+def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest prefix of tokens (by probability) whose mass reaches top_p; always the top one."""
+    sorted_x, order = torch.sort(x, dim=-1, descending=True)
+    cum = torch.softmax(sorted_x, dim=-1).cumsum(dim=-1)
+    drop_sorted = (cum - torch.softmax(sorted_x, dim=-1)) >= top_p  # mass before this token already enough
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return x.masked_fill(drop, -torch.inf)

@@ -1,0 +1,71 @@
+"""Per-generation statistics from Round events: acceptance length, per-position acceptance, time split."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from .generate import Round
+
+
+@dataclass
+class Stats:
+    rounds: int = 0                      # decode rounds (target forwards after the prefill)
+    new_tokens: int = 0                  # generated tokens, the prefill's first token included
+    accepted_drafts: int = 0
+    drafted: int = 0
+    accept_histogram: Counter = field(default_factory=Counter)  # accepted drafts per round -> count
+    time_prefill: float = 0.0
+    time_draft: float = 0.0
+    time_verify: float = 0.0
+    time_commit: float = 0.0
+    wall_time: float = 0.0
+    finish: str | None = None
+
+    def add(self, r: Round) -> None:
+        self.new_tokens += len(r.tokens)
+        self.finish = r.finish or self.finish
+        if r.index == 0:
+            self.time_prefill += r.t_verify
+            return
+        self.rounds += 1
+        self.accepted_drafts += r.accepted
+        self.drafted += r.drafted
+        self.accept_histogram[r.accepted] += 1
+        self.time_draft += r.t_draft
+        self.time_verify += r.t_verify
+        self.time_commit += r.t_commit
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per decode round, bonus included (tau in the papers)."""
+        return (self.accepted_drafts + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        """Fraction of decode rounds whose draft at depth k was accepted, k = 1 .. deepest accepted."""
+        if not self.rounds or not self.accept_histogram:
+            return []
+        deepest = max(self.accept_histogram)
+        return [sum(c for a, c in self.accept_histogram.items() if a >= k) / self.rounds
+                for k in range(1, deepest + 1)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("accept_histogram")
+        for key in ("time_prefill", "time_draft", "time_verify", "time_commit"):
+            d.pop(key)
+        other = max(self.wall_time - self.time_prefill - self.time_draft - self.time_verify, 0.0)
+        d.update(
+            mean_accepted_length=self.mean_accepted_length,
+            acceptance_per_position=self.acceptance_per_position,
+            accept_histogram={str(k): v for k, v in sorted(self.accept_histogram.items())},
+            mean_tree_size=self.drafted / self.rounds if self.rounds else 0.0,
+            wall_time_s=self.wall_time, tokens_per_second=self.tokens_per_second,
+            time_split_s={"prefill": self.time_prefill, "draft": self.time_draft,
+                          "verify": self.time_verify, "other": other})
+        d.pop("wall_time")
+        return d

@@ -1,0 +1,103 @@
+"""DraftTree: a flat token tree rooted at the anchor, and the target-side views of it.
+
+Row 0 of every verification input is the anchor (the last committed token); node i of the tree is
+row i + 1. parents[i] == -1 means node i hangs from the anchor. Parents always come before
+children (parents[i] < i), so one left-to-right pass sees every ancestor first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: torch.Tensor                # [n] long: the drafted token of each node
+    parents: torch.Tensor               # [n] long: parent node index, -1 for a child of the anchor
+    depth: torch.Tensor | None = None   # [n] long: 1 for children of the anchor; derived if omitted
+    scores: torch.Tensor | None = None  # [n] float: the drafter's path log-prob, if it has one
+
+    def __post_init__(self):
+        if self.tokens.shape != self.parents.shape or self.tokens.dim() != 1:
+            raise ValueError("DraftTree tokens and parents must be 1-D tensors of one length")
+        if self.depth is None:  # frozen dataclass: set the derived field once, here
+            object.__setattr__(self, "depth", node_depths(self.parents.tolist(), self.parents.device))
+
+    @classmethod
+    def empty(cls, device="cpu") -> "DraftTree":
+        none = torch.empty(0, dtype=torch.long, device=device)
+        return cls(none, none.clone())
+
+    @classmethod
+    def chain(cls, tokens: torch.Tensor, scores: torch.Tensor | None = None) -> "DraftTree":
+        tokens = tokens.long().flatten()
+        idx = torch.arange(len(tokens), device=tokens.device)
+        return cls(tokens, idx - 1, idx + 1, scores)
+
+    def __len__(self) -> int:
+        return self.tokens.numel()
+
+    def dedup(self) -> "DraftTree":
+        """Drop a node whose parent already has a child with the same token, and its whole subtree."""
+        parents, tokens = self.parents.tolist(), self.tokens.tolist()
+        keep, new_index, seen = [], {}, set()
+        for i, (p, t) in enumerate(zip(parents, tokens)):
+            if p != -1 and p not in new_index:
+                continue  # an ancestor was dropped
+            if (p, t) in seen:
+                continue
+            seen.add((p, t))
+            new_index[i] = len(keep)
+            keep.append(i)
+        if len(keep) == len(tokens):
+            return self
+        idx = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
+        new_parents = torch.tensor([new_index.get(parents[i], -1) for i in keep], dtype=torch.long,
+                                   device=self.tokens.device)
+        scores = None if self.scores is None else self.scores[idx]
+        return DraftTree(self.tokens[idx], new_parents, self.depth[idx], scores)
+
+    def truncate_depth(self, max_depth: int) -> "DraftTree":
+        """Keep the nodes no deeper than max_depth (a prefix-closed subset, so parents stay valid)."""
+        if len(self) == 0 or int(self.depth.max()) <= max_depth:
+            return self
+        keep = (self.depth <= max_depth).nonzero().flatten()
+        remap = torch.full((len(self),), -1, dtype=torch.long, device=self.tokens.device)
+        remap[keep] = torch.arange(len(keep), device=self.tokens.device)
+        parents = self.parents[keep]
+        parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
+        scores = None if self.scores is None else self.scores[keep]
+        return DraftTree(self.tokens[keep], parents, self.depth[keep], scores)
+
+
+def node_depths(parents: list[int], device="cpu") -> torch.Tensor:
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return torch.tensor(depth, dtype=torch.long, device=device)
+
+
+def ancestor_matrix(tree: DraftTree) -> torch.Tensor:
+    """[n+1, n+1] bool: row r may attend to column c (c is r, an ancestor of r, or the anchor)."""
+    n, device = len(tree), tree.tokens.device
+    up = torch.cat([torch.zeros(1, dtype=torch.long, device=device), tree.parents + 1])  # row -> parent row
+    rows = torch.arange(n + 1, device=device)
+    allowed = torch.zeros(n + 1, n + 1, dtype=torch.bool, device=device)
+    cur = rows
+    for _ in range(int(tree.depth.max()) + 1 if n else 1):  # walk every row up to the anchor at once
+        allowed[rows, cur] = True
+        cur = up[cur]
+    return allowed
+
+
+def verification_inputs(anchor: int, tree: DraftTree, past_len: int, dtype: torch.dtype):
+    """input_ids [1, n+1], position_ids [1, n+1] and the additive 4D mask [1, 1, n+1, past_len+n+1]."""
+    device = tree.tokens.device
+    ids = torch.cat([torch.tensor([anchor], device=device), tree.tokens]).view(1, -1)
+    depth = torch.cat([torch.zeros(1, dtype=torch.long, device=device), tree.depth])
+    allowed = torch.cat([torch.ones(len(tree) + 1, past_len, dtype=torch.bool, device=device),
+                         ancestor_matrix(tree)], dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return ids, (past_len + depth).view(1, -1), mask[None, None]

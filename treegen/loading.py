@@ -1,0 +1,122 @@
+"""Loading a target model and its tokenizer: hub id or local folder, dtype, device, device_map, bitsandbytes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+DEFAULT_DTYPE = "auto"
+DEFAULT_DEVICE = "auto"
+DEFAULT_ATTN = "sdpa"
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
+          "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+class LoadError(RuntimeError):
+    """A model or tokenizer that cannot be loaded; the message is one line for the user."""
+
+
+def resolve_device(device: str = DEFAULT_DEVICE) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise LoadError(f"--device {device} asked for, but this machine has no CUDA device")
+    try:
+        return torch.device(device)
+    except RuntimeError as err:
+        raise LoadError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N") from err
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":  # fp32 on the CPU keeps T=0 exact; bf16 is the GPU's native width
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    if dtype not in DTYPES:
+        raise LoadError(f"unknown dtype {dtype!r}: use auto, fp32, fp16 or bf16")
+    return DTYPES[dtype]
+
+
+def check_source(name: str) -> str:
+    """A local folder must exist and hold a config.json; anything else is taken as a hub id."""
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise LoadError(f"{name}: no config.json in this folder, so it is not a transformers model")
+        return str(path.resolve())
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise LoadError(f"{name}: no such folder")
+    return name
+
+
+def _quantization(load_in_8bit: bool, load_in_4bit: bool, compute_dtype: torch.dtype):
+    if load_in_8bit and load_in_4bit:
+        raise LoadError("choose one of --load-in-8bit and --load-in-4bit")
+    if not (load_in_8bit or load_in_4bit):
+        return None
+    try:
+        from transformers import BitsAndBytesConfig
+        import bitsandbytes  # noqa: F401
+    except ImportError as err:
+        raise LoadError(f"4/8-bit loading needs bitsandbytes: {err}") from err
+    if load_in_8bit:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_type="nf4")
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(check_source(name))
+    except (OSError, ValueError) as err:
+        raise LoadError(f"cannot load a tokenizer from {name}: {_first_line(err)}") from err
+
+
+def load_target(name: str, *, dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE,
+                device_map: str | None = None, load_in_8bit: bool = False, load_in_4bit: bool = False,
+                attn_implementation: str = DEFAULT_ATTN):
+    """(model, tokenizer) for a causal LM, in eval mode, on the chosen device."""
+    from transformers import AutoModelForCausalLM
+
+    source = check_source(name)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    quant = _quantization(load_in_8bit, load_in_4bit, torch_dtype)
+    kwargs = dict(dtype=torch_dtype, attn_implementation=attn_implementation)
+    if quant is not None:
+        kwargs["quantization_config"] = quant
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    elif quant is not None:
+        kwargs["device_map"] = {"": dev}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except ValueError as err:
+        raise LoadError(f"{name} is not a causal language model transformers can load: {_first_line(err)}") from err
+    except OSError as err:
+        where = "this folder" if Path(source).exists() else "the hub (offline?) or a local folder"
+        raise LoadError(f"cannot load {name} from {where}: {_first_line(err)}") from err
+    if device_map is None and quant is None:
+        model = model.to(dev)
+    model.eval()
+    return model, load_tokenizer(source)
+
+
+def context_length(model, tokenizer=None) -> int | None:
+    """Positions the target was built for (max_position_embeddings)."""
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+def eos_ids(model, tokenizer) -> frozenset[int]:
+    """EOS ids of the generation config and the tokenizer, together."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__

@@ -1,0 +1,77 @@
+"""Pieces every trainer shares: token streams, the LR schedule, checkpoints that resume, a progress line."""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+def encode_corpus(texts: list[str], tokenizer) -> torch.Tensor:
+    """One flat int32 stream: every document followed by EOS, so a model learns where files end."""
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    for chunk in range(0, len(texts), 256):
+        for enc in tokenizer(texts[chunk:chunk + 256], add_special_tokens=False)["input_ids"]:
+            ids.extend(enc)
+            ids.append(eos)
+    return torch.tensor(ids, dtype=torch.int32)
+
+
+def random_windows(stream: torch.Tensor, batch: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
+    starts = torch.randint(0, len(stream) - seq_len - 1, (batch,), generator=gen)
+    return torch.stack([stream[s:s + seq_len] for s in starts.tolist()]).long()
+
+
+@dataclass
+class Schedule:
+    """Warm-up then cosine to 10%; progress is steps or wall time, whichever is further along."""
+    lr: float
+    max_steps: int
+    max_seconds: float = math.inf
+    warmup: int = 100
+
+    def progress(self, step: int, elapsed: float) -> float:
+        return min(1.0, max(step / self.max_steps, elapsed / self.max_seconds))
+
+    def lr_at(self, step: int, elapsed: float) -> float:
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        return self.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * self.progress(step, elapsed))))
+
+    def done(self, step: int, elapsed: float) -> bool:
+        return self.progress(step, elapsed) >= 1.0
+
+
+def save_checkpoint(path: Path, model, optimizer, step: int, elapsed: float, gen: torch.Generator) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                "elapsed": elapsed, "rng": gen.get_state()}, tmp)
+    tmp.replace(path)  # atomic: a kill mid-write never leaves a broken checkpoint
+
+
+def load_checkpoint(path: Path, model, optimizer, gen: torch.Generator) -> tuple[int, float]:
+    state = torch.load(path, weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    gen.set_state(state["rng"])
+    return state["step"], state["elapsed"]
+
+
+class Progress:
+    """One status line (to stderr) every `every` steps: step, loss, tokens/s, lr, elapsed."""
+
+    def __init__(self, every: int = 10):
+        self.every, self.t0, self.tokens = every, time.perf_counter(), 0
+
+    def update(self, step: int, loss: float, tokens: int, lr: float, elapsed: float, extra: str = "") -> None:
+        self.tokens += tokens
+        if step % self.every:
+            return
+        rate = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
+        print(f"step {step:6d}  loss {loss:.4f}  {rate:7.0f} tok/s  lr {lr:.2e}  {elapsed / 60:6.1f} min {extra}",
+              file=sys.stderr, flush=True)
+        self.t0, self.tokens = time.perf_counter(), 0

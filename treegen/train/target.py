@@ -1,0 +1,79 @@
+"""Train a small Qwen3-architecture causal LM from scratch (the demo target)."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .common import Progress, Schedule, load_checkpoint, random_windows, save_checkpoint
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    hidden_size: int = 384
+    num_hidden_layers: int = 6
+    intermediate_size: int = 1024
+    num_attention_heads: int = 6
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    max_position_embeddings: int = 2048
+
+
+def build_target(tokenizer, shape: TargetShape = TargetShape(), seed: int = 0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), tie_word_embeddings=True, rms_norm_eps=1e-6,
+        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None, **shape.__dict__)
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(config)
+
+
+def lm_loss(model, batch: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=batch[:, :-1]).logits
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+@torch.no_grad()
+def perplexity(model, stream: torch.Tensor, seq_len: int = 256, max_windows: int = 200) -> float:
+    """Held-out perplexity over consecutive non-overlapping windows."""
+    model.eval()
+    n = min(max_windows, (len(stream) - 1) // seq_len)
+    losses = [lm_loss(model, stream[i * seq_len:(i + 1) * seq_len + 1].long()[None]).item() for i in range(n)]
+    model.train()
+    return math.exp(sum(losses) / max(len(losses), 1))
+
+
+def train_target(model, train: torch.Tensor, out_dir: Path, *, batch: int = 16, seq_len: int = 256,
+                 lr: float = 2e-3, max_steps: int = 3000, max_seconds: float = math.inf,
+                 resume: bool = False, bf16: bool = False, seed: int = 0, ckpt_every: int = 100):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = out_dir / "train_state.pt"
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    gen = torch.Generator().manual_seed(seed)
+    step, elapsed = load_checkpoint(ckpt, model, opt, gen) if resume and ckpt.exists() else (0, 0.0)
+    sched, progress = Schedule(lr, max_steps, max_seconds), Progress()
+    model.train()
+    while not sched.done(step, elapsed):
+        t0 = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = sched.lr_at(step, elapsed)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = lm_loss(model, random_windows(train, batch, seq_len + 1, gen))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        elapsed += time.perf_counter() - t0
+        progress.update(step, loss.item(), batch * seq_len, opt.param_groups[0]["lr"], elapsed)
+        if step % ckpt_every == 0:
+            save_checkpoint(ckpt, model, opt, step, elapsed, gen)
+    save_checkpoint(ckpt, model, opt, step, elapsed, gen)
+    return step, elapsed
