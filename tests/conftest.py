@@ -34,3 +34,25 @@ def qwen3():
 @pytest.fixture(scope="session")
 def llama():
     return tiny_llama()
+
+
+TINY_CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "import os\nimport sys\n\nprint(os.getcwd(), sys.argv)\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "for i in range(10):\n    if i % 2 == 0:\n        print(i)\n",
+] * 4
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A folder holding a tiny random Qwen3 target and a real byte-level BPE tokenizer, as `--target` takes."""
+    from treegen.train.tokenizer import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny-target")
+    tok = train_tokenizer(TINY_CORPUS, out, vocab_size=300)
+    model = tiny_qwen3(vocab=len(tok))
+    model.config.eos_token_id = tok.eos_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(out)
+    return out

@@ -1,0 +1,1 @@
+"""Side-by-side benchmark harness."""
