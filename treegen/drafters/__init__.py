@@ -5,6 +5,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import defaults as D
+
 
 class MethodError(ValueError):
     """An unknown method, or options it does not take; the message is one line for the user."""
@@ -29,10 +31,21 @@ def _ar(target, drafter_path):
     return ARDrafter()
 
 
-def _pld(target, drafter_path, *, max_ngram: int = 3, min_ngram: int = 1, draft_len: int = 10,
-         branches: int = 4):
+def _pld(target, drafter_path, *, max_ngram: int = D.PLD_MAX_NGRAM, min_ngram: int = D.PLD_MIN_NGRAM,
+         draft_len: int = D.PLD_DRAFT_LEN, branches: int = D.PLD_BRANCHES):
     from .pld import PromptLookupDrafter
     return PromptLookupDrafter(max_ngram, min_ngram, draft_len, branches)
+
+
+def _dflash(target, drafter_path):
+    from .dflash import DFlashChainDrafter, load_block
+    return DFlashChainDrafter(load_block(target, drafter_path))
+
+
+def _ddtree(target, drafter_path, *, budget: int = D.DDTREE_BUDGET, top_k: int = D.DDTREE_TOP_K):
+    from .ddtree import DDTreeDrafter
+    from .dflash import load_block
+    return DDTreeDrafter(load_block(target, drafter_path), budget, top_k)
 
 
 METHODS: dict[str, Method] = {}
@@ -44,6 +57,8 @@ def register(method: Method) -> None:
 
 register(Method("ar", "plain decoding, no drafts (the baseline of every speedup)", _ar))
 register(Method("pld", "prompt lookup: n-gram matches in the text so far, as a chain or a tree", _pld))
+register(Method("dflash", "DFlash block diffusion: one drafter pass, a chain of B-1 tokens", _dflash, True))
+register(Method("ddtree", "marginal tree from one DFlash pass, best-first to a node budget", _ddtree, True))
 
 
 def get_method(name: str) -> Method:

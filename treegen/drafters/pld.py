@@ -5,20 +5,17 @@ from __future__ import annotations
 import torch
 
 from ..engine.tree import DraftTree
+from . import defaults as D
 from .base import DraftState
 
-DEFAULT_MAX_NGRAM = 3
-DEFAULT_MIN_NGRAM = 1
-DEFAULT_DRAFT_LEN = 10
-DEFAULT_BRANCHES = 4
 
 
 class PromptLookupDrafter:
     name = "pld"
     target_layer_ids: tuple[int, ...] = ()
 
-    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = DEFAULT_MIN_NGRAM,
-                 draft_len: int = DEFAULT_DRAFT_LEN, branches: int = DEFAULT_BRANCHES):
+    def __init__(self, max_ngram: int = D.PLD_MAX_NGRAM, min_ngram: int = D.PLD_MIN_NGRAM,
+                 draft_len: int = D.PLD_DRAFT_LEN, branches: int = D.PLD_BRANCHES):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"pld needs 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if draft_len < 1 or branches < 1:

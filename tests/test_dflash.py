@@ -1,0 +1,127 @@
+"""DFlash drafter: published checkpoint layout, context-cache correctness, and exactness of dflash/ddtree."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from treegen.drafters import build_drafter
+from treegen.engine.generate import GenerationConfig, generate
+from treegen.engine.sampling import Sampler
+from treegen.models.checkpoint import CheckpointError, load_dflash, save_dflash
+from treegen.models.dflash import ContextKV, DFlashConfig, DFlashDrafter
+
+from conftest import tiny_qwen3
+
+Z_LAB_KEYS = {"fc.weight", "hidden_norm.weight", "norm.weight"} | {
+    f"layers.{i}.{name}.weight" for i in range(2) for name in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm",
+        "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
+        "post_attention_layernorm")}
+
+
+def tiny_drafter_config(target, block_size: int = 8, layer_ids=(0, 1)) -> DFlashConfig:
+    t = target.config
+    return DFlashConfig(hidden_size=t.hidden_size, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=t.hidden_size // 4, num_target_layers=t.num_hidden_layers,
+                        target_layer_ids=tuple(layer_ids), mask_token_id=t.vocab_size - 1,
+                        vocab_size=t.vocab_size, block_size=block_size)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_qwen3(vocab=64, seed=1)
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(target, tmp_path_factory):
+    torch.manual_seed(2)
+    model = DFlashDrafter(tiny_drafter_config(target))
+    for p in model.parameters():  # random norms too, so a wrong key mapping cannot hide
+        p.data.normal_(0, 0.3 if p.dim() == 2 else 1.0)
+    out = tmp_path_factory.mktemp("dflash")
+    save_dflash(model, out)
+    return out
+
+
+def test_published_layout(drafter_dir):
+    from safetensors import safe_open
+
+    cfg = json.loads((drafter_dir / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["block_size"] == 8 and cfg["num_target_layers"] == 2 and cfg["num_hidden_layers"] == 2
+    assert cfg["dflash_config"] == {"mask_token_id": 63, "target_layer_ids": [0, 1]}
+    with safe_open(drafter_dir / "model.safetensors", "pt") as f:
+        assert set(f.keys()) == Z_LAB_KEYS
+
+
+def test_round_trip_identical(drafter_dir, tmp_path):
+    a = load_dflash(str(drafter_dir))
+    save_dflash(a, tmp_path)
+    b = load_dflash(str(tmp_path))
+    block, ctx = torch.randn(1, 8, 32), torch.randn(1, 5, 32)
+    pos_b, pos_c = torch.arange(5, 13)[None], torch.arange(5)[None]
+    assert torch.equal(a(block, pos_b, ctx, pos_c), b(block, pos_b, ctx, pos_c))
+
+
+def test_context_cache_equals_naive_recompute(drafter_dir):
+    """Cached context K/V across rounds == full attention over [context; block] from scratch, fp32."""
+    model = load_dflash(str(drafter_dir))
+    torch.manual_seed(0)
+    feats = torch.randn(40, 2 * 32)
+    cache, seen = ContextKV(2), 0
+    with torch.no_grad():
+        for new in (11, 1, 4, 7, 2):
+            ctx = model.project_context(feats[:seen + new])
+            block = torch.randn(1, 8, 32)
+            pos_b = torch.arange(seen + new, seen + new + 8)[None]
+            cached = model(block, pos_b, ctx[None, seen:], torch.arange(seen, seen + new)[None], cache)
+            naive = model(block, pos_b, ctx[None], torch.arange(seen + new)[None])
+            torch.testing.assert_close(cached, naive, atol=1e-5, rtol=1e-5)
+            seen += new
+
+
+@pytest.mark.parametrize("method", ["dflash", "ddtree"])
+def test_greedy_exact(method, target, drafter_dir):
+    drafter = build_drafter(method, target, str(drafter_dir))
+    gen = torch.Generator().manual_seed(3)
+    for i in range(20):
+        n = int(torch.randint(1, 30, (1,), generator=gen))
+        prompt = torch.randint(0, 63, (n,), generator=gen)
+        if i % 3 == 0:  # repeated spans: the target's greedy output loops, the drafter gets some right
+            prompt = prompt.repeat(3)
+        ref = target.generate(prompt[None], max_new_tokens=24, do_sample=False)[0, prompt.numel():].tolist()
+        out = [t for r in generate(target, drafter, prompt, GenerationConfig(24)) for t in r.tokens]
+        assert out == ref, f"prompt {i}"
+
+
+def test_ddtree_branches_and_respects_budget(target, drafter_dir):
+    drafter = build_drafter("ddtree", target, str(drafter_dir), {"budget": 20})
+    rounds = list(generate(target, drafter, torch.arange(10), GenerationConfig(16)))
+    assert all(r.drafted <= 20 for r in rounds)
+    assert any(r.drafted > r.depth for r in rounds[1:])  # more nodes than depth: a real tree
+
+
+def test_ddtree_sampling_runs_seeded(target, drafter_dir):
+    drafter = build_drafter("ddtree", target, str(drafter_dir))
+    cfg = GenerationConfig(12, Sampler(temperature=1.0, top_k=20), seed=5)
+    a = [t for r in generate(target, drafter, torch.arange(6), cfg) for t in r.tokens]
+    b = [t for r in generate(target, drafter, torch.arange(6), cfg) for t in r.tokens]
+    assert a == b and len(a) == 12
+
+
+def test_refuses_drafter_for_another_target(drafter_dir):
+    other = tiny_qwen3(vocab=64, hidden=48, seed=1)
+    with pytest.raises(CheckpointError, match="hidden size 32 != target's 48"):
+        build_drafter("dflash", other, str(drafter_dir))
+    deeper_ids = tiny_qwen3(vocab=64, layers=1, seed=1)
+    with pytest.raises(CheckpointError, match="reach past"):
+        build_drafter("dflash", deeper_ids, str(drafter_dir))
+
+
+def test_missing_drafter_folder(target, tmp_path):
+    with pytest.raises(CheckpointError, match="no such drafter folder"):
+        build_drafter("dflash", target, str(tmp_path / "nope"))
+    with pytest.raises(CheckpointError, match="no config.json"):
+        build_drafter("dflash", target, str(tmp_path))

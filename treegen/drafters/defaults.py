@@ -1,0 +1,7 @@
+"""Default method options, shared by the drafter classes and the method registry (no torch import here)."""
+PLD_MAX_NGRAM = 3
+PLD_MIN_NGRAM = 1
+PLD_DRAFT_LEN = 10
+PLD_BRANCHES = 4
+DDTREE_BUDGET = 64      # nodes verified per round (DDTree's common default)
+DDTREE_TOP_K = 0        # per-depth candidates; 0 = as many as the budget (no node can rank lower)

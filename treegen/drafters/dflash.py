@@ -1,0 +1,83 @@
+"""`dflash`: one drafter pass over [anchor, MASK x (B-1)] proposes a chain of B-1 tokens (argmax of each
+position's marginal). DFlashBlock is the one-pass runner that the tree methods share."""
+from __future__ import annotations
+
+import torch
+
+from ..engine.tree import DraftTree
+from ..models.checkpoint import check_fits, load_dflash
+from ..models.dflash import ContextKV, DFlashDrafter
+from .base import DraftState
+
+
+class DFlashBlock:
+    """The drafter, its context K/V cache, and the target's embedding and lm_head it borrows."""
+
+    def __init__(self, model: DFlashDrafter, target):
+        self.model = model
+        self.embed = target.get_input_embeddings()
+        self.lm_head = target.get_output_embeddings()
+        self.block_size = model.config.block_size
+        self.cache = ContextKV(model.config.num_hidden_layers)
+        self.pending: torch.Tensor | None = None  # target features not yet projected into the cache
+
+    @property
+    def target_layer_ids(self) -> tuple[int, ...]:
+        return self.model.config.target_layer_ids
+
+    def begin(self, features: torch.Tensor) -> None:
+        self.cache = ContextKV(self.model.config.num_hidden_layers)
+        self.pending = features
+
+    def commit(self, features: torch.Tensor) -> None:
+        self.pending = features if self.pending is None else torch.cat([self.pending, features])
+
+    def hidden(self, anchor: int) -> torch.Tensor:
+        """[B, H] drafter states of the block [anchor, MASK...]; folds the pending context into the cache."""
+        device, new = self.embed.weight.device, self.pending
+        past = self.cache.length
+        start = past + new.shape[0]  # the anchor's position: context is every committed token before it
+        ids = torch.full((1, self.block_size), self.model.config.mask_token_id, device=device)
+        ids[0, 0] = anchor
+        block_pos = torch.arange(start, start + self.block_size, device=device)[None]
+        ctx_pos = torch.arange(past, start, device=device)[None]
+        ctx = self.model.project_context(new.to(self.embed.weight.dtype))[None]
+        out = self.model(self.embed(ids), block_pos, ctx, ctx_pos, self.cache)
+        self.pending = None
+        return out[0]
+
+    def marginal_logits(self, anchor: int, depth: int) -> torch.Tensor:
+        """[depth, V] logits of block positions 1..depth, each conditioned on the context only."""
+        return self.lm_head(self.hidden(anchor)[1:1 + depth]).float()
+
+
+class DFlashChainDrafter:
+    name = "dflash"
+
+    def __init__(self, block: DFlashBlock):
+        self.block = block
+        self.target_layer_ids = block.target_layer_ids
+
+    def begin(self, prompt, features) -> None:
+        self.block.begin(features)
+
+    def commit(self, tokens, features) -> None:
+        self.block.commit(features)
+
+    def propose(self, state: DraftState) -> DraftTree:
+        depth = min(self.block.block_size - 1, state.max_depth)
+        if depth < 1:  # nothing fits; the context still has to reach the drafter's cache
+            self.block.hidden(int(state.tokens[-1]))
+            return DraftTree.empty(state.tokens.device)
+        logits = self.block.marginal_logits(int(state.tokens[-1]), depth)
+        logp = torch.log_softmax(logits, dim=-1)
+        best = logp.max(dim=-1)
+        return DraftTree.chain(best.indices, best.values.cumsum(0))
+
+
+def load_block(target, drafter_path: str) -> DFlashBlock:
+    """Load a z-lab-layout drafter in the target's dtype and device, refusing one that does not fit."""
+    weight = target.get_input_embeddings().weight
+    model = load_dflash(drafter_path, dtype=weight.dtype, device=weight.device)
+    check_fits(model.config, target)
+    return DFlashBlock(model, target)

@@ -1,0 +1,1 @@
+"""nn.Modules and checkpoint readers/writers for drafters."""

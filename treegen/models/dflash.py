@@ -1,0 +1,174 @@
+"""The DFlash block-diffusion drafter (z-lab layout): Qwen3 decoder layers whose keys/values are the
+target's fused hidden features followed by the block, with bidirectional attention inside the block.
+
+It has no embedding and no lm_head: it embeds with the target's embed_tokens and scores with its lm_head.
+Only the projected context K/V are cached across rounds; block K/V are recomputed every round.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    vocab_size: int
+    block_size: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+    hidden_act: str = "silu"
+    extra: dict = field(default_factory=dict, compare=False)  # config.json fields kept for the round trip
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """Evenly spread over the target, skipping the first and the last few layers (z-lab's rule)."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    span = num_target_layers - 4
+    return tuple(round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Rotary(nn.Module):
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype):
+        """positions [b, L] -> (cos, sin) [b, 1, L, head_dim] for broadcasting over heads."""
+        freqs = positions.float()[..., None] * self.inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rope(x: torch.Tensor, cos_sin) -> torch.Tensor:
+    cos, sin = cos_sin
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class ContextKV:
+    """Per-layer projected context keys/values, appended each round (block K/V are never stored)."""
+
+    def __init__(self, num_layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys[0] is None else self.keys[0].shape[-2]
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        if self.keys[layer] is not None:
+            k, v = torch.cat([self.keys[layer], k], dim=-2), torch.cat([self.values[layer], v], dim=-2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
+class Attention(nn.Module):
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def _kv(self, x: torch.Tensor, cos_sin):
+        b, n, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        return rope(k, cos_sin), v
+
+    def forward(self, x, ctx, rope_x, rope_ctx, cache: ContextKV | None, layer: int, mask):
+        b, q_len, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2)
+        k_ctx, v_ctx = self._kv(ctx, rope_ctx)
+        if cache is not None:
+            k_ctx, v_ctx = cache.extend(layer, k_ctx, v_ctx)
+        k_blk, v_blk = self._kv(x, rope_x)
+        k, v = torch.cat([k_ctx, k_blk], dim=-2), torch.cat([v_ctx, v_blk], dim=-2)
+        out = F.scaled_dot_product_attention(rope(q, rope_x), k, v, attn_mask=mask,
+                                             enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.self_attn, self.mlp = Attention(c), MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x, ctx, rope_x, rope_ctx, cache, layer, mask):
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_x, rope_ctx, cache, layer, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """forward(block embeddings, context features) -> block hidden states (before the target's lm_head)."""
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
+        self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Rotary(config.head_dim, config.rope_theta)
+
+    def project_context(self, features: torch.Tensor) -> torch.Tensor:
+        """[.., T, k*H] target features -> [.., T, H] context hidden states."""
+        return self.hidden_norm(self.fc(features))
+
+    def forward(self, block: torch.Tensor, block_pos: torch.Tensor, ctx: torch.Tensor, ctx_pos: torch.Tensor,
+                cache: ContextKV | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """block [b, Q, H] embeddings at block_pos [b, Q]; ctx [b, C, H] projected context at ctx_pos.
+
+        With a cache, ctx holds only the new context rows and the cached ones are attended too.
+        mask: None (every query sees all keys) or bool/additive [b, 1, Q, C_total + Q].
+        """
+        rope_x, rope_ctx = self.rotary(block_pos, block.dtype), self.rotary(ctx_pos, block.dtype)
+        x = block
+        for i, layer in enumerate(self.layers):
+            x = layer(x, ctx, rope_x, rope_ctx, cache, i, mask)
+        return self.norm(x)
