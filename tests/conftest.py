@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+torch.set_num_threads(1)  # tiny models gain nothing from threads; and CI shares 2 cores
+
 
 def tiny_qwen3(vocab: int = 96, hidden: int = 32, layers: int = 2, seed: int = 0, max_pos: int = 512):
     from transformers import Qwen3Config, Qwen3ForCausalLM

@@ -34,11 +34,16 @@ class DFlashConfig:
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
-    """Evenly spread over the target, skipping the first and the last few layers (z-lab's rule)."""
+    """Evenly spread over the target, skipping the first and the last few layers (z-lab's rule); a target
+    too shallow for that rule gets an even spread over all its layers."""
     if num_draft_layers == 1:
         return (num_target_layers // 2,)
     span = num_target_layers - 4
-    return tuple(round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))
+    if span < num_draft_layers - 1:
+        span, first = num_target_layers - 1, 0
+    else:
+        first = 1
+    return tuple(round(first + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))
 
 
 class RMSNorm(nn.Module):
