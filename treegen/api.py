@@ -57,6 +57,13 @@ class StreamDecoder:
         self.prefix, self.read = self.read, len(self.ids)
         return full[len(done):]
 
+    def flush(self) -> str:
+        """At the end: whatever push() still holds back (a character cut off by the end), as decoded."""
+        done = self._decode(self.ids[self.prefix:self.read])
+        full = self._decode(self.ids[self.prefix:])
+        self.prefix = self.read = len(self.ids)
+        return full[len(done):]
+
 
 @dataclass
 class Generator:
@@ -109,6 +116,8 @@ class Generator:
         try:
             for r in rounds:
                 delta, finish = decoder.push(r.tokens), r.finish
+                if finish:
+                    delta += decoder.flush()  # the text of the last round is final: hold nothing back
                 cut = _stop_at(text, delta, stop)
                 if cut is not None:
                     delta, finish = delta[:cut], "stop"

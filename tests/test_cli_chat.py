@@ -1,0 +1,55 @@
+"""`treegen chat` in a real terminal (pexpect): two turns, /stats, Ctrl-C mid-reply, /exit."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import pexpect
+import pytest
+
+
+@pytest.fixture
+def long_context_target(tiny_model_dir, tmp_path):
+    """The tiny target with room for a reply long enough to be interrupted for sure."""
+    folder = tmp_path / "tiny-long"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["max_position_embeddings"] = 8192
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_chat_session_in_a_terminal(long_context_target):
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"}
+    child = pexpect.spawn(sys.executable, ["-m", "treegen.cli", "chat", "--target", str(long_context_target),
+                                           "-n", "6", "--method", "pld", "--system", "Be brief."],
+                          env=env, encoding="utf-8", timeout=90, dimensions=(40, 120))
+    try:
+        child.expect_exact("Ctrl-D to exit")
+        for message in ("hello there", "and once more"):
+            child.expect_exact(">>> ")
+            child.sendline(message)
+        child.expect_exact(">>> ")
+        child.sendline("/stats")
+        child.expect_exact("conversation: 4 messages, 2 replies")
+        child.expect_exact("mean acceptance length")
+        child.expect_exact(">>> ")
+        child.sendline("/set n 5000")
+        child.expect_exact("(max_new_tokens = 5000)")
+        child.expect_exact(">>> ")
+        child.sendline("now a long one")
+        child.expect(r"round \d+ \| accepted")   # the live status line: the reply is streaming
+        child.sendintr()
+        child.expect_exact("(reply stopped; what came so far stays in the history)")
+        child.expect_exact(">>> ")
+        child.sendline("/stats")
+        child.expect_exact("conversation: 6 messages, 3 replies")   # the stopped reply was kept
+        child.expect_exact(">>> ")
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    assert "Traceback" not in (child.before or "")

@@ -1,0 +1,245 @@
+"""`treegen chat`: a REPL over the tokenizer's chat template, with a plain fallback for base models.
+
+History: every user message and every reply (a reply stopped with Ctrl-C stays, as far as it got, so the
+conversation is what the user saw). When the conversation outgrows the target's context, the oldest
+exchanges are left out of the prompt (they stay in the history); /clear starts over.
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import closing
+from dataclasses import dataclass, field, fields, replace
+
+from .ui import is_terminal, make_view, summary
+
+PROMPT, MORE = ">>> ", "... "
+FALLBACK_NOTICE = "treegen: the tokenizer has no chat template; using a plain 'User: / Assistant:' template"
+FALLBACK_STOP = ("\nUser:",)   # a base model tends to go on with the user's next line; cut it there
+HELP = """\
+/help              this help
+/clear             forget the conversation (the system prompt stays)
+/stats             statistics of the last reply and of the session
+/set KEY VALUE     change a sampling value: temperature, top_k, top_p, min_p, max_new_tokens (n), seed
+/exit, /quit       leave (so does Ctrl-D)
+End a line with \\ to go on on the next line; start it with // to send a message that begins with /.
+Ctrl-C stops the current reply (what came so far stays in the history); at the prompt it clears the line."""
+
+
+class ChatFormat:
+    """Turns messages into prompt text: the tokenizer's chat template, or the plain fallback."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.native = bool(getattr(tokenizer, "chat_template", None))
+        self.stop = () if self.native else FALLBACK_STOP
+
+    def render(self, messages: list[dict]) -> str:
+        if self.native:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return fallback_render(messages)
+
+
+def fallback_render(messages: list[dict]) -> str:
+    """System text, then 'User: ...' / 'Assistant: ...' blocks, ending where the assistant speaks next."""
+    names = {"user": "User", "assistant": "Assistant"}
+    parts = [m["content"] if m["role"] == "system" else f"{names[m['role']]}: {m['content']}" for m in messages]
+    return "\n\n".join(parts + ["Assistant:"])
+
+
+@dataclass
+class Conversation:
+    system: str | None = None
+    turns: list[dict] = field(default_factory=list)   # user and assistant messages, alternating
+    start: int = 0                                    # first turn still in the prompt (context limit)
+
+    def messages(self, start: int | None = None) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.turns[self.start if start is None else start:]
+
+    def add(self, role: str, content: str) -> None:
+        self.turns.append({"role": role, "content": content})
+
+    def clear(self) -> None:
+        self.turns.clear()
+        self.start = 0
+
+
+def fit(conversation: Conversation, render, encode, budget: int | None) -> list[int]:
+    """Prompt ids for the newest turns that fit the budget, leaving the oldest exchanges out if needed."""
+    start = conversation.start
+    ids = encode(render(conversation.messages(start)))
+    while budget is not None and len(ids) > budget and start + 2 < len(conversation.turns):
+        start += 2  # one user message and its reply
+        ids = encode(render(conversation.messages(start)))
+    conversation.start = start
+    return ids
+
+
+SET_KEYS = {"temperature": float, "temp": float, "top_k": int, "top_p": float, "min_p": float,
+            "max_new_tokens": int, "n": int, "seed": int}
+ALIASES = {"temp": "temperature", "n": "max_new_tokens"}
+
+
+class ChatREPL:
+    """Reads lines, runs commands, streams replies; the generator and the sampling values come in."""
+
+    def __init__(self, generator, sampling: dict, *, system: str | None = None, live: bool = True,
+                 quiet: bool = False, stdin=None, stdout=None, stderr=None):
+        self.gen, self.sampling = generator, dict(sampling)
+        self.live, self.quiet = live, quiet
+        self.stdin, self.stdout, self.stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
+        self.format = ChatFormat(generator.tokenizer)
+        self.conversation = Conversation(system)
+        self.last, self.session, self.replies = None, None, 0
+        self.last_prompt = self.prompt_total = 0
+
+    def say(self, text: str) -> None:
+        print(text, file=self.stderr, flush=True)
+
+    def run(self) -> None:
+        if self.stdin is sys.stdin and is_terminal(sys.stdin):
+            import readline  # noqa: F401  (line editing and an input history for input())
+        if not self.format.native and not self.quiet:
+            self.say(FALLBACK_NOTICE)
+        if not self.quiet:
+            self.say(f"treegen chat: {self.gen.method} on {self.gen.target}. /help for commands, Ctrl-D to exit.")
+        while True:
+            line = self.read_message()
+            if line is None:
+                return
+            if line and not self.handle(line):
+                return
+
+    def read_message(self) -> str | None:
+        """One message (lines ending in \\ continue it); None at end of input."""
+        lines, prompt = [], PROMPT
+        while True:
+            try:
+                line = self.read_line(prompt)
+            except KeyboardInterrupt:
+                print(file=self.stdout, flush=True)
+                lines, prompt = [], PROMPT   # Ctrl-C at the prompt clears the line, as in a shell
+                continue
+            if line is None:
+                return "\n".join(lines) if lines else None
+            if not line.endswith("\\"):
+                return "\n".join(lines + [line]).strip()
+            lines.append(line[:-1])
+            prompt = MORE
+
+    def read_line(self, prompt: str) -> str | None:
+        if self.stdin is sys.stdin and is_terminal(sys.stdin):
+            try:
+                return input(prompt)
+            except EOFError:
+                print(file=self.stdout, flush=True)
+                return None
+        line = self.stdin.readline()
+        return line.rstrip("\n") if line else None
+
+    def handle(self, line: str) -> bool:
+        """A command or a message; False means leave."""
+        if line.startswith("/") and not line.startswith("//"):
+            return self.command(line)
+        self.reply(line[1:] if line.startswith("//") else line)
+        return True
+
+    def command(self, line: str) -> bool:
+        name, _, arg = line.partition(" ")
+        if name in ("/exit", "/quit"):
+            return False
+        command = {"/help": self.help, "/clear": self.clear, "/stats": self.stats, "/set": self.set}.get(name)
+        if command is None:
+            self.say(f"unknown command {name}; /help lists them")
+        else:
+            command(arg.strip())
+        return True
+
+    def help(self, _: str) -> None:
+        self.say(HELP)
+
+    def clear(self, _: str) -> None:
+        self.conversation.clear()
+        self.say("(conversation cleared)")
+
+    def set(self, arg: str) -> None:
+        key, _, value = arg.partition(" ")
+        if key not in SET_KEYS or not value:
+            self.say(f"usage: /set KEY VALUE with KEY one of {', '.join(SET_KEYS)}")
+            return
+        try:
+            self.sampling[ALIASES.get(key, key)] = SET_KEYS[key](value)
+        except ValueError:
+            self.say(f"/set {key}: expected {SET_KEYS[key].__name__}, got {value!r}")
+            return
+        self.say(f"({ALIASES.get(key, key)} = {self.sampling[ALIASES.get(key, key)]})")
+
+    def stats(self, _: str) -> None:
+        self.say(f"conversation: {len(self.conversation.turns)} messages, {self.replies} replies")
+        if self.last is None:
+            return
+        self.say("last reply:\n" + summary(self.last, method=self.gen.method, prompt_tokens=self.last_prompt))
+        self.say("session:\n" + summary(self.session, method=self.gen.method, prompt_tokens=self.prompt_total))
+
+    # ---- a reply ----------------------------------------------------------------------------------------
+
+    def budget(self) -> int | None:
+        """Prompt tokens that still leave room to answer (at most half the context is kept for the answer)."""
+        from .loading import context_length
+
+        limit = context_length(self.gen.model)
+        if limit is None:
+            return None
+        return limit - min(self.sampling.get("max_new_tokens") or limit, limit // 2)
+
+    def prompt_ids(self) -> list[int]:
+        before = self.conversation.start
+        ids = fit(self.conversation, self.format.render, self.gen.encode, self.budget())
+        if self.conversation.start > before:
+            self.say(f"(the oldest {self.conversation.start} messages no longer fit the context; left out)")
+        return ids
+
+    def reply(self, text: str) -> None:
+        self.conversation.add("user", text)
+        try:
+            ids = self.prompt_ids()
+            parts, stopped = self.stream(ids)
+        except ValueError as err:  # the engine's own checks: prompt too long, bad sampling values
+            self.conversation.turns.pop()
+            self.say(f"treegen: error: {err}")
+            return
+        self.conversation.add("assistant", "".join(parts).strip())
+        if stopped:
+            self.say("(reply stopped; what came so far stays in the history)")
+
+    def stream(self, ids: list[int]) -> tuple[list[str], bool]:
+        """Stream one reply; (its text parts, whether Ctrl-C stopped it)."""
+        chunks = self.gen.stream(ids, stop=self.format.stop, **self.sampling)
+        view, parts, stats, stopped = make_view(self.stdout, live=self.live, end="\n"), [], None, False
+        try:
+            with closing(chunks):
+                for chunk in chunks:
+                    parts.append(chunk.text)
+                    view.update(chunk)
+                    stats = chunk.stats
+        except KeyboardInterrupt:
+            stopped = True
+        finally:
+            view.close()
+        self.record(stats, len(ids))
+        return parts, stopped
+
+    def record(self, stats, prompt_tokens: int) -> None:
+        self.replies += 1
+        if stats is not None:
+            self.last, self.last_prompt = stats, prompt_tokens
+            self.session = combined(self.session, stats)
+            self.prompt_total += prompt_tokens
+
+
+def combined(total, stats):
+    """A new Stats with the counts and times of both (the finish of the newer)."""
+    if total is None:
+        return replace(stats, accept_histogram=stats.accept_histogram.copy())
+    sums = {f.name: getattr(total, f.name) + getattr(stats, f.name) for f in fields(stats) if f.name != "finish"}
+    return replace(stats, **sums)

@@ -1,0 +1,351 @@
+"""The `treegen` command: complete, chat, presets, info, and the train and bench groups.
+
+Exit codes: 0 success (a closed output pipe included), 1 a runtime error (one line `treegen: error: ...`,
+the traceback only with --debug), 2 a usage error (one line), 130 interrupted. torch and transformers are
+imported inside the commands, so `treegen --help` stays fast.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import traceback
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+import click
+
+from . import __version__
+from . import presets as presets_mod
+from .bench.cli import bench
+from .cli_options import Failure, common_options, setup
+from .train.cli import train
+
+
+class Interrupted(click.ClickException):
+    exit_code = 130
+
+    def __init__(self):
+        super().__init__("interrupted")
+
+
+def error_line(message: str) -> None:
+    click.echo(f"treegen: error: {message}", err=True)
+
+
+class TreegenGroup(click.Group):
+    """Every failure ends as one line on stderr and an exit code, in CliRunner as from the shell."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            code = super().main(args, "treegen", complete_var, standalone_mode=False, **extra)  # any launcher
+        except click.UsageError as err:
+            hint = f" (see '{err.ctx.command_path} --help')" if err.ctx else ""
+            error_line(f"{err.format_message()}{hint}")
+            code = err.exit_code
+        except Interrupted:
+            click.echo("treegen: interrupted", err=True)
+            code = 130
+        except click.ClickException as err:
+            error_line(err.format_message())
+            code = err.exit_code
+        except click.Abort:
+            click.echo("treegen: interrupted", err=True)
+            code = 130
+        code = code if isinstance(code, int) else 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+# errors whose message is written for the user (matched by name: importing loading.py would import torch)
+KNOWN_ERRORS = ("LoadError", "ValueError", "OSError")
+
+
+def one_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else ""
+    if text and any(c.__name__ in KNOWN_ERRORS for c in type(err).__mro__):
+        return text
+    return f"{type(err).__name__}: {text} (--debug shows the traceback)"
+
+
+@contextmanager
+def failures(debug: bool):
+    """Exceptions from the engine and loaders become one-line failures; --debug adds the traceback."""
+    try:
+        yield
+    except (click.ClickException, click.exceptions.Exit, SystemExit):
+        raise
+    except KeyboardInterrupt:
+        raise Interrupted() from None
+    except Exception as err:
+        if debug:
+            traceback.print_exc()
+        raise Failure(one_line(err)) from err
+
+
+def guarded(f):
+    """Add --debug and turn the command's failures into one-line errors."""
+    @functools.wraps(f)
+    def wrapper(*args, debug: bool, **kwargs):
+        with failures(debug):
+            return f(*args, **kwargs)
+    return click.option("--debug", is_flag=True, help="Show tracebacks of errors.")(wrapper)
+
+
+# ---- the group ------------------------------------------------------------------------------------------
+
+@click.group(cls=TreegenGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="treegen")
+def cli():
+    """Exact, fast generation with speculative draft trees.
+
+    \b
+    cat prompt.txt | treegen complete > out.txt
+    treegen complete prompt.txt --preset pld -n 128 --stats-json stats.json
+    treegen chat --target Qwen/Qwen3-8B --system "Be brief."
+
+    Exit status: 0 done (also when the reader of stdout goes away), 1 an error (one line on stderr;
+    --debug adds the traceback), 2 a usage error, 130 interrupted.
+    """
+
+
+cli.add_command(train)
+cli.add_command(bench)
+
+
+# ---- complete -------------------------------------------------------------------------------------------
+
+def stdin_is_terminal() -> bool:
+    from .ui import is_terminal
+
+    return is_terminal(sys.stdin)
+
+
+def read_prompt(file: str | None) -> str:
+    if file is None and stdin_is_terminal():
+        raise click.UsageError("give a prompt FILE, or - to read the prompt from stdin",
+                               ctx=click.get_current_context(silent=True))
+    try:
+        text = sys.stdin.read() if file in (None, "-") else Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise Failure(f"cannot read the prompt from {file}: {getattr(err, 'strerror', None) or err}") from err
+    if not text:
+        raise Failure(f"the prompt is empty ({'stdin' if file in (None, '-') else file})")
+    return text
+
+
+class Transcript:
+    """What a completion produced, gathered round by round."""
+
+    def __init__(self):
+        self.parts, self.token_ids, self.stats = [], [], None
+
+    def add(self, chunk) -> None:
+        self.parts.append(chunk.text)
+        self.token_ids.extend(chunk.round.tokens)
+        self.stats = chunk.stats
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def stats_record(cfg, gen, prompt_ids: list[int], out: Transcript) -> dict:
+    """The --stats-json object: what ran, on what, what came out, and the numbers."""
+    from .drafters import check_options, get_method
+    from .engine.stats import Stats
+    from .loading import check_source
+
+    stats = out.stats or Stats()
+    return {
+        "treegen_version": __version__, "method": gen.method,
+        "method_options": check_options(get_method(gen.method), dict(gen.method_options)),
+        "preset": cfg.name, "preset_path": str(cfg.path) if cfg.path else None,
+        "target": check_source(gen.target), "drafter": absolute(gen.drafter),
+        "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids,
+        "token_ids": out.token_ids, "text": out.text, **stats.to_dict(), **cfg.sampling.resolved(),
+    }
+
+
+def absolute(path: str | None) -> str | None:
+    """A local path made absolute; a hub id (or None) as it is."""
+    return str(Path(path).resolve()) if path and Path(path).exists() else path
+
+
+def write_json(dest: str, record: dict) -> None:
+    text = json.dumps(record, ensure_ascii=False)
+    if dest == "-":
+        try:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            silence_stdout()
+    else:
+        Path(dest).write_text(text + "\n", encoding="utf-8")
+
+
+def check_json_dest(dest: str | None) -> None:
+    if dest not in (None, "-") and not Path(dest).resolve().parent.is_dir():
+        raise Failure(f"--stats-json {dest}: the folder {Path(dest).resolve().parent} does not exist")
+
+
+def silence_stdout() -> None:
+    """After the reader closed the pipe: point stdout at /dev/null so the exit flush stays quiet."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (tests)
+        pass
+
+
+@cli.command()
+@click.argument("file", required=False)
+@common_options
+@click.option("--stats-json", "stats_json", metavar="PATH|-",
+              help="Write the run's statistics as one JSON object to PATH; with -, the JSON goes to stdout "
+                   "instead of the text (the text is in its 'text' field).")
+@guarded
+def complete(file, stats_json, **kw):
+    """Continue the prompt in FILE (or - / a pipe for stdin).
+
+    The generated text goes to stdout exactly, flushed as each round commits; the summary goes to
+    stderr. On a terminal (unless --no-live) each round's tokens are tinted, a status line shows the
+    round's acceptance, and a final newline is added. Ctrl-C stops with status 130, the text so far
+    written and the --stats-json record too (finish: interrupted).
+    """
+    from .ui import NullView, make_view
+
+    check_json_dest(stats_json)
+    prompt = read_prompt(file)
+    cfg, gen = setup(kw)
+    prompt_ids = gen.encode(prompt)
+    view = NullView() if stats_json == "-" else make_view(sys.stdout, live=not kw["no_live"])
+    out, stop = show_stream(view, gen.stream(prompt_ids, **cfg.sampling.given()))
+    if stop == "interrupted":
+        interrupted(cfg, gen, prompt_ids, out, stats_json)
+    if stop is None:
+        report(cfg, gen, prompt_ids, out, stats_json, kw["quiet"])
+
+
+def show_stream(view, chunks) -> tuple[Transcript, str | None]:
+    """Stream into the view; (what came, None or why it stopped early: "pipe" or "interrupted")."""
+    out = Transcript()
+    try:
+        with closing(chunks):
+            for chunk in chunks:
+                out.add(chunk)
+                view.update(chunk)
+        view.close()
+    except BrokenPipeError:  # the reader is gone (`| head`): stop quietly
+        silence_stdout()
+        return out, "pipe"
+    except KeyboardInterrupt:
+        view.close()
+        return out, "interrupted"
+    return out, None
+
+
+def report(cfg, gen, prompt_ids, out: Transcript, stats_json, quiet: bool) -> None:
+    from .ui import summary
+
+    if not quiet and out.stats is not None:
+        click.echo(summary(out.stats, method=gen.method, prompt_tokens=len(prompt_ids)), err=True)
+    if stats_json:
+        write_json(stats_json, stats_record(cfg, gen, prompt_ids, out))
+
+
+def interrupted(cfg, gen, prompt_ids, out: Transcript, stats_json) -> None:
+    """Ctrl-C: the text so far is out already; the JSON record still gets written; then one line, exit 130."""
+    if out.stats is not None:
+        out.stats.finish = "interrupted"
+    if stats_json:
+        write_json(stats_json, stats_record(cfg, gen, prompt_ids, out))
+    raise Interrupted()
+
+
+# ---- chat -----------------------------------------------------------------------------------------------
+
+@cli.command()
+@common_options
+@click.option("--system", help="A system prompt for the conversation.")
+@guarded
+def chat(system, **kw):
+    """Talk with the target, with its chat template (a plain one for base models).
+
+    Commands: /help /clear /stats /set /exit. Ctrl-C stops the current reply (what came so far stays in
+    the history); Ctrl-D leaves.
+    """
+    from .chat import ChatREPL
+
+    cfg, gen = setup(kw)
+    ChatREPL(gen, cfg.sampling.resolved(), system=system, live=not kw["no_live"], quiet=kw["quiet"]).run()
+
+
+# ---- presets --------------------------------------------------------------------------------------------
+
+@cli.group("presets", invoke_without_command=True)
+@click.pass_context
+def presets_group(ctx):
+    """List the presets (the default), or show one."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(presets_list)
+
+
+@presets_group.command("list")
+def presets_list():
+    """Every preset found, with its one-line description."""
+    found = presets_mod.available()
+    width = max((len(n) for n in found), default=0)
+    for name, path in found.items():
+        try:
+            line = presets_mod.load(str(path)).description
+        except presets_mod.PresetError as err:
+            line = f"(invalid: {err})"
+        click.echo(f"{name:<{width}}  {line}")
+    if not found:
+        click.echo("no presets found in " + ", ".join(map(str, presets_mod.search_dirs())), err=True)
+
+
+@presets_group.command("show")
+@click.argument("name")
+@guarded
+def presets_show(name):
+    """Print preset NAME (or a .yaml path) resolved: absolute paths and every default filled in."""
+    click.echo(presets_mod.to_yaml(presets_mod.load(name)), nl=False)
+
+
+# ---- info -----------------------------------------------------------------------------------------------
+
+@cli.command()
+@guarded
+def info():
+    """Versions, the compute device and whether the demo assets are installed."""
+    import platform
+
+    import torch
+    import transformers
+
+    from .assets import DEMO_DRAFTER, DEMO_TARGET
+    from .drafters import METHODS
+
+    cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    rows = [("treegen", __version__), ("python", platform.python_version()), ("torch", torch.__version__),
+            ("transformers", transformers.__version__), ("cuda device", cuda),
+            ("demo target", _present(DEMO_TARGET)), ("demo drafter", _present(DEMO_DRAFTER)),
+            ("methods", ", ".join(sorted(METHODS))), ("presets", ", ".join(presets_mod.available()) or "none")]
+    for key, value in rows:
+        click.echo(f"{key:<13} {value}")
+
+
+def _present(path: Path) -> str:
+    return f"{path} ({'present' if path.exists() else 'missing'})"
+
+
+def main(argv=None):
+    cli.main(args=argv, prog_name="treegen")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""YAML presets: a target, a drafter, a method with its options, and sampling defaults, as one frozen config.
+
+A preset file (presets/NAME.yaml):
+
+    description: prompt lookup on the demo target      # one line, shown by `treegen presets`
+    target: null              # hub id or folder; null = the shipped demo target
+    drafter: null             # folder, hub id or null
+    method: pld               # a name from treegen.drafters.METHODS (required)
+    method_options: {}        # passed to the method, checked with treegen.drafters.check_options
+    sampling: {}              # temperature, top_k, top_p, min_p, max_new_tokens, seed; null = the API default
+
+Relative paths resolve against the preset file's folder; a value that names no existing file and does not
+look like a path (`./x`, `/x`, `~/x`, `a/b/c`) is taken as a hub id. Names are looked up in, first wins:
+$TREEGEN_PRESET_PATH (os.pathsep-separated folders), the checkout's top-level presets/, and the packaged
+treegen/assets/presets (a symlink to presets/ in the checkout, real files in a wheel).
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+PACKAGE = Path(__file__).resolve().parent
+CHECKOUT_PRESETS = PACKAGE.parent / "presets"
+PACKAGED_PRESETS = PACKAGE / "assets" / "presets"
+ENV_PATH = "TREEGEN_PRESET_PATH"
+SUFFIXES = (".yaml", ".yml")
+
+
+class PresetError(ValueError):
+    """A preset that cannot be used; the message is one line naming the file and the key."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling values; None means "not set here" so the layer below (preset, then the API) decides."""
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    max_new_tokens: int | None = None
+    seed: int | None = None
+
+    def given(self) -> dict[str, Any]:
+        """Only the values set, as keyword arguments for Generator.stream()."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def merged(self, overrides: Mapping[str, Any]) -> Sampling:
+        """A new Sampling where every non-None override wins."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def resolved(self) -> dict[str, Any]:
+        """Every value, the API's defaults filling what is not set."""
+        return {**api_defaults(), **self.given()}
+
+
+def api_defaults() -> dict[str, Any]:
+    """The sampling defaults of Generator.config(): the one place they are defined."""
+    from .api import Generator
+
+    params = inspect.signature(Generator.config).parameters.values()
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str | None = None             # file stem; None = no preset (the API's defaults)
+    path: Path | None = None
+    description: str = ""
+    target: str | None = None           # None = the shipped demo target
+    drafter: str | None = None
+    method: str | None = None           # None = the API's default ("auto")
+    method_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # read-only
+    sampling: Sampling = Sampling()
+
+    def with_flags(self, *, target=None, drafter=None, method=None, **sampling) -> Preset:
+        """A new config with the command-line values that were given (not None) over this preset's."""
+        given = {"target": target, "drafter": drafter, "method": method}
+        changes = {k: v for k, v in given.items() if v is not None}
+        if method is not None and method != self.method:
+            changes["method_options"] = MappingProxyType({})  # the preset's options belong to its own method
+        return replace(self, **changes, sampling=self.sampling.merged(sampling))
+
+
+# ---- finding presets -------------------------------------------------------------------------------------
+
+def search_dirs() -> list[Path]:
+    """Folders that hold named presets, in lookup order, each once."""
+    env = [Path(p).expanduser() for p in os.environ.get(ENV_PATH, "").split(os.pathsep) if p]
+    checkout = [CHECKOUT_PRESETS] if (PACKAGE.parent / "pyproject.toml").exists() else []
+    out: list[Path] = []
+    for d in env + checkout + [PACKAGED_PRESETS]:
+        if d.is_dir() and d.resolve() not in [o.resolve() for o in out]:
+            out.append(d)
+    return out
+
+
+def available() -> dict[str, Path]:
+    """Preset name -> file; an earlier folder shadows a later one."""
+    found: dict[str, Path] = {}
+    for d in search_dirs():
+        for f in sorted(d.iterdir()):
+            if f.suffix in SUFFIXES and f.is_file():
+                found.setdefault(f.stem, f.resolve())
+    return dict(sorted(found.items()))
+
+
+def find(name_or_path: str) -> Path:
+    """A preset name (ar, pld, ...) or a path to a YAML file."""
+    if name_or_path.endswith(SUFFIXES) or os.sep in name_or_path or "/" in name_or_path:
+        path = Path(name_or_path).expanduser()
+        if not path.is_file():
+            raise PresetError(f"{name_or_path}: no such preset file")
+        return path.resolve()
+    known = available()
+    if name_or_path not in known:
+        raise PresetError(f"unknown preset {name_or_path!r}; known: {', '.join(known) or 'none'} "
+                          f"(or give a path to a .yaml file)")
+    return known[name_or_path]
+
+
+def load(name_or_path: str) -> Preset:
+    path = find(name_or_path)
+    return parse(read_yaml(path), path)
+
+
+def read_yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise PresetError(f"{path}: malformed YAML{where}: {getattr(err, 'problem', None) or err}") from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise PresetError(f"{path}: cannot read: {err}") from err
+    if not isinstance(data, dict):
+        raise PresetError(f"{path}: expected a mapping of keys (description, method, ...), "
+                          f"got {type(data).__name__}")
+    return data
+
+
+# ---- validation ------------------------------------------------------------------------------------------
+
+TOP_KEYS = {"description": "a string", "target": "a hub id, a path or null", "drafter": "a hub id, a path or null",
+            "method": "a method name", "method_options": "a mapping", "sampling": "a mapping"}
+SAMPLING_KEYS = {"temperature": "a number", "top_k": "an integer", "top_p": "a number", "min_p": "a number",
+                 "max_new_tokens": "an integer", "seed": "an integer or null"}
+# what each expectation accepts; None (null) is accepted wherever a value may be left to the API
+ACCEPTS = {"a string": (str,), "a hub id, a path or null": (str, type(None)), "a method name": (str,),
+           "a mapping": (dict, type(None)), "a number": (int, float, type(None)),
+           "an integer": (int, type(None)), "an integer or null": (int, type(None))}
+
+
+def check_keys(data: dict, expected: dict[str, str], path: Path, prefix: str = "") -> None:
+    """Every key known and every value of the expected type, or one line saying which and what."""
+    for key, value in data.items():
+        if key not in expected:
+            raise PresetError(f"{path}: {prefix}{key}: unknown key; expected one of {', '.join(expected)}")
+        ok = isinstance(value, ACCEPTS[expected[key]]) and not isinstance(value, bool)
+        if not ok:
+            raise PresetError(f"{path}: {prefix}{key}: expected {expected[key]}, got {value!r}")
+
+
+def parse(data: dict, path: Path) -> Preset:
+    check_keys(data, TOP_KEYS, path)
+    if "method" not in data:
+        raise PresetError(f"{path}: method: missing; expected a method name (one of {', '.join(method_names())})")
+    check_keys(data.get("sampling") or {}, SAMPLING_KEYS, path, prefix="sampling.")
+    base = path.parent
+    return Preset(
+        name=path.stem, path=path, description=data.get("description") or "",
+        target=resolve_source(data.get("target"), base, path, "target"),
+        drafter=resolve_source(data.get("drafter"), base, path, "drafter"),
+        method=data["method"], method_options=checked_options(data, path),
+        sampling=Sampling(**(data.get("sampling") or {})))
+
+
+def method_names() -> list[str]:
+    from .drafters import METHODS
+
+    return sorted(METHODS)
+
+
+def checked_options(data: dict, path: Path) -> Mapping[str, Any]:
+    """The method exists and takes these options; kept as written (the method fills its own defaults)."""
+    from .drafters import MethodError, check_options, get_method
+
+    options = dict(data.get("method_options") or {})
+    try:
+        method = get_method(data["method"])
+    except MethodError as err:
+        raise PresetError(f"{path}: method: {err}") from err
+    try:
+        check_options(method, options)
+    except MethodError as err:
+        raise PresetError(f"{path}: method_options: {err}") from err
+    return MappingProxyType(options)
+
+
+def looks_like_path(value: str) -> bool:
+    return value.startswith((".", "/", "~")) or value.count("/") > 1 or "\\" in value
+
+
+def resolve_source(value: str | None, base: Path, path: Path, key: str) -> str | None:
+    """An existing file/folder becomes absolute (relative to the preset); a path that is missing fails."""
+    if value is None:
+        return None
+    candidate = Path(value).expanduser()
+    candidate = candidate if candidate.is_absolute() else base / candidate
+    if candidate.exists():
+        return str(candidate.resolve())
+    if looks_like_path(value):
+        raise PresetError(f"{path}: {key}: {candidate} does not exist; expected a file or folder, or a hub id")
+    return value
+
+
+# ---- showing ---------------------------------------------------------------------------------------------
+
+def resolved_dict(preset: Preset) -> dict[str, Any]:
+    """What the preset amounts to: absolute paths, the method's option defaults and the API's sampling defaults."""
+    from .drafters import check_options, get_method
+
+    options = dict(preset.method_options)
+    if preset.method not in (None, "auto"):
+        options = check_options(get_method(preset.method), options)
+    return {"description": preset.description, "target": preset.target, "drafter": preset.drafter,
+            "method": preset.method, "method_options": options, "sampling": preset.sampling.resolved()}
+
+
+def to_yaml(preset: Preset) -> str:
+    import yaml
+
+    header = f"# {preset.path}\n# target null = the shipped demo target\n"
+    return header + yaml.safe_dump(resolved_dict(preset), sort_keys=False, allow_unicode=True)
