@@ -18,6 +18,7 @@ from .common import encode_corpus
 from .corpus import read_texts, stdlib_files
 
 STAGES = ("tokenizer", "target", "drafter", "export")
+DEMO_DRAFTER_LAYERS = (1, 3, 5)  # with 6 target layers, the last one carries the most next-token signal
 
 
 def log(msg: str) -> None:
@@ -63,11 +64,56 @@ def stage_target(work: Path, minutes: float, resume: bool) -> None:
     log(f"target done: {info}")
 
 
+def stage_drafter(work: Path, minutes: float, regen: int, resume: bool) -> None:
+    from ..loading import load_target
+    from .data import regenerate
+    from .dflash import DFlashTrainConfig, build_drafter, train_dflash
+    from .pipeline import estimate
+
+    out = work / "dflash"
+    if (out / "done.json").exists():
+        return
+    target, tok = load_target(str(work / "target"), dtype="fp32", device="cpu")
+    cached = work / "regenerated.pt"
+    if not cached.exists():
+        rows = regenerate(target, torch.load(work / "train.pt"), regen, 64, 192, log=log)
+        torch.save(rows.flatten().to(torch.int32), cached)
+    stream = torch.load(cached)
+    cfg = DFlashTrainConfig(num_layers=3, block_size=16, target_layer_ids=DEMO_DRAFTER_LAYERS, batch=8,
+                            seq_len=256, anchors=16, lr=1.5e-3, max_steps=100_000, max_seconds=minutes * 60)
+    drafter = build_drafter(target, tok.mask_token_id, cfg)
+    log(f"drafter: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters, {len(stream)} tokens")
+    steps, secs = train_dflash(target, drafter, stream, out, cfg, resume=resume, log=log)
+    result = estimate(target, out, torch.load(work / "heldout.pt"), log, n=16)
+    info = {"steps": steps, "seconds": secs, "block_tokens": steps * cfg.batch * cfg.anchors * cfg.block_size,
+            "regenerated_sequences": regen, "heldout_acceptance": result}
+    (out / "done.json").write_text(json.dumps(info, indent=2))
+    log(f"drafter done: {info}")
+
+
+def stage_export(work: Path, assets: Path) -> None:
+    """Copy the pair into the package as fp16 safetensors (what ships)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from ..models.checkpoint import load_dflash, save_dflash
+
+    target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32)
+    target.to(torch.float16).save_pretrained(assets / "target")
+    AutoTokenizer.from_pretrained(work / "target").save_pretrained(assets / "target")
+    for name in ("training.json",):
+        (assets / "target" / name).write_text((work / "target" / name).read_text())
+    save_dflash(load_dflash(str(work / "dflash")), assets / "dflash", dtype=torch.float16)
+    (assets / "dflash" / "training.json").write_text((work / "dflash" / "done.json").read_text())
+    log(f"exported to {assets}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--stage", choices=STAGES, action="append")
     ap.add_argument("--target-minutes", type=float, default=55)
+    ap.add_argument("--drafter-minutes", type=float, default=40)
+    ap.add_argument("--regenerate", type=int, default=2048)
+    ap.add_argument("--assets", type=Path, default=Path(__file__).resolve().parents[1] / "assets" / "demo")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
@@ -77,6 +123,10 @@ def main(argv=None) -> None:
         stage_tokenizer(args.work)
     if "target" in stages:
         stage_target(args.work, args.target_minutes, args.resume)
+    if "drafter" in stages:
+        stage_drafter(args.work, args.drafter_minutes, args.regenerate, args.resume)
+    if "export" in stages:
+        stage_export(args.work, args.assets)
 
 
 if __name__ == "__main__":

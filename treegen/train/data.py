@@ -1,0 +1,70 @@
+"""Training text: files, folders and JSONL of texts; and target-regenerated continuations."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .common import encode_corpus, random_windows
+
+TEXT_SUFFIXES = {".txt", ".py", ".md", ".rst", ".c", ".h", ".js", ".ts", ".rs", ".go", ".java", ".json"}
+
+
+class DataError(ValueError):
+    pass
+
+
+def read_data(paths: list[str]) -> list[str]:
+    """Texts from files (a JSONL file gives one text per line: {"text": ...}) and folders (recursively)."""
+    texts: list[str] = []
+    for name in paths:
+        path = Path(name).expanduser()
+        if not path.exists():
+            raise DataError(f"{name}: no such file or folder")
+        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES | {".jsonl"}) if path.is_dir() \
+            else [path]
+        for f in files:
+            texts.extend(_jsonl(f) if f.suffix == ".jsonl" else [f.read_text(encoding="utf-8", errors="replace")])
+    if not texts:
+        raise DataError(f"no training text found in {', '.join(paths)}")
+    return texts
+
+
+def _jsonl(path: Path) -> list[str]:
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{i}: not JSON ({err.msg})") from err
+        text = row.get("text") if isinstance(row, dict) else None
+        if not isinstance(text, str):
+            raise DataError(f"{path}:{i}: expected an object with a string 'text' field")
+        out.append(text)
+    return out
+
+
+def tokenize(texts: list[str], tokenizer) -> torch.Tensor:
+    return encode_corpus(texts, tokenizer)
+
+
+@torch.no_grad()
+def regenerate(target, stream: torch.Tensor, n_seqs: int, prompt_len: int, gen_len: int,
+               temperatures: tuple[float, ...] = (0.0, 1.0), batch: int = 32, seed: int = 0, log=None):
+    """[n_seqs, prompt_len + gen_len]: corpus prompts continued by the target itself, so the drafter
+    learns the target's own distribution (as the published drafters were trained)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(0, n_seqs, batch):
+        prompts = random_windows(stream, min(batch, n_seqs - i), prompt_len, gen)
+        temp = temperatures[(i // batch) % len(temperatures)]
+        torch.manual_seed(seed + i)
+        sampling = dict(do_sample=True, temperature=temp, top_k=0, top_p=1.0) if temp > 0 else dict(do_sample=False)
+        out = target.generate(prompts, max_new_tokens=gen_len, min_new_tokens=gen_len, **sampling)
+        rows.append(out[:, :prompt_len + gen_len])
+        if log:
+            log(f"regenerated {i + len(prompts)}/{n_seqs} sequences (T={temp})")
+    return torch.cat(rows)

@@ -1,0 +1,145 @@
+"""Training a DFlash drafter for a frozen target (the SpecForge recipe).
+
+Each training sequence gets many random anchors a. For each, the block is [x_a, MASK x (B-1)] at
+positions a..a+B-1; block queries see the target's context features strictly before a plus their own
+block (bidirectionally); the loss is cross entropy on block positions k=1..B-1 against x_{a+k},
+weighted exp(-(k-1)/gamma) so that early positions, which every accepted prefix needs, count most.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..models.checkpoint import save_dflash
+from ..models.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
+from .common import Progress, Schedule, load_checkpoint, random_windows, save_checkpoint
+
+GAMMA_BY_BLOCK = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+@dataclass(frozen=True)
+class DFlashTrainConfig:
+    num_layers: int = 3
+    block_size: int = 16
+    target_layer_ids: tuple[int, ...] | None = None   # None: z-lab's default spread
+    intermediate_size: int | None = None              # None: the target's
+    batch: int = 8
+    seq_len: int = 256
+    anchors: int = 16
+    lr: float = 1e-3
+    max_steps: int = 2000
+    max_seconds: float = math.inf
+    gamma: float | None = None                        # None: by block size (7 for B=16)
+    seed: int = 0
+    ckpt_every: int = 50
+
+
+def build_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig, seed: int = 0) -> DFlashDrafter:
+    t = target.config
+    ids = cfg.target_layer_ids or default_target_layer_ids(t.num_hidden_layers, cfg.num_layers)
+    config = DFlashConfig(
+        hidden_size=t.hidden_size, intermediate_size=cfg.intermediate_size or t.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads, head_dim=getattr(t, "head_dim", None)
+        or t.hidden_size // t.num_attention_heads, num_target_layers=t.num_hidden_layers,
+        target_layer_ids=tuple(ids), mask_token_id=mask_token_id, vocab_size=t.vocab_size,
+        block_size=cfg.block_size, rms_norm_eps=t.rms_norm_eps,
+        rope_theta=float((getattr(t, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
+        max_position_embeddings=t.max_position_embeddings)
+    torch.manual_seed(seed)
+    model = DFlashDrafter(config)
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            torch.nn.init.normal_(p, std=0.02)
+    return model
+
+
+def target_features(target, ids: torch.Tensor, layer_ids) -> torch.Tensor:
+    with torch.no_grad():
+        hs = target(input_ids=ids, output_hidden_states=True).hidden_states
+    return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
+
+
+def sample_anchors(batch: int, seq_len: int, n: int, block: int, gen: torch.Generator) -> torch.Tensor:
+    """[batch, n] distinct anchor positions in [1, seq_len - block]: context >= 1 token, labels in range."""
+    scores = torch.rand(batch, seq_len - block, generator=gen)
+    return scores.topk(min(n, seq_len - block), dim=-1).indices.sort(dim=-1).values + 1
+
+
+def block_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torch.Tensor:
+    """[b, 1, n*B, T + n*B] bool: a block query sees context before its anchor and its own block."""
+    b, n = anchors.shape
+    q_anchor = anchors.repeat_interleave(block, dim=1)                          # [b, nB]
+    ctx_ok = torch.arange(seq_len)[None, None] < q_anchor[..., None]            # [b, nB, T]
+    blk = torch.arange(n).repeat_interleave(block)
+    blk_ok = (blk[:, None] == blk[None, :]).expand(b, -1, -1)                  # [b, nB, nB]
+    return torch.cat([ctx_ok, blk_ok], dim=-1)[:, None]
+
+
+def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float):
+    """Position-weighted CE over every anchor's block; also returns top-1 accuracy per block position."""
+    c, (b, seq_len) = drafter.config, ids.shape
+    block, n = c.block_size, anchors.shape[1]
+    offsets = torch.arange(block)
+    pos = (anchors[..., None] + offsets).view(b, -1)                            # [b, nB]
+    tokens = ids.gather(1, pos.clamp(max=seq_len - 1)).view(b, n, block)
+    inputs = torch.full_like(tokens, c.mask_token_id)
+    inputs[..., 0] = tokens[..., 0]
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    ctx = drafter.project_context(target_features(target, ids, c.target_layer_ids))
+    hidden = drafter(embed(inputs.view(b, -1)), pos, ctx, torch.arange(seq_len)[None].expand(b, -1),
+                     mask=block_mask(anchors, seq_len, block))
+    logits = lm_head(hidden.view(b, n, block, -1)[:, :, 1:]).float()           # [b, n, B-1, V]
+    labels = tokens[..., 1:]
+    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
+    weights = torch.exp(-offsets[:-1].float() / gamma)
+    loss = (ce * weights).sum(-1).mean() / weights.sum()
+    acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
+    return loss, acc
+
+
+def freeze(target) -> None:
+    target.eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+
+
+def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: Path, cfg: DFlashTrainConfig,
+                 resume: bool = False, log=print):
+    """Train on random windows of a token stream; checkpoints to out_dir/train_state.pt, exports to out_dir."""
+    freeze(target)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = out_dir / "train_state.pt"
+    gamma = cfg.gamma or GAMMA_BY_BLOCK.get(cfg.block_size, cfg.block_size / 2.3)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    step, elapsed = load_checkpoint(ckpt, drafter, opt, gen) if resume and ckpt.exists() else (0, 0.0)
+    sched, progress = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=50), Progress()
+    drafter.train()
+    while not sched.done(step, elapsed):
+        t0 = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = sched.lr_at(step, elapsed)
+        ids = random_windows(stream, cfg.batch, cfg.seq_len, gen)
+        loss, acc = dflash_loss(drafter, target, ids, sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors,
+                                                                     cfg.block_size, gen), gamma)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        step += 1
+        elapsed += time.perf_counter() - t0
+        progress.update(step, loss.item(), cfg.batch * cfg.anchors * cfg.block_size, opt.param_groups[0]["lr"],
+                        elapsed, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}")
+        if step % cfg.ckpt_every == 0:
+            save_checkpoint(ckpt, drafter, opt, step, elapsed, gen)
+            save_dflash(drafter, out_dir)
+    save_checkpoint(ckpt, drafter, opt, step, elapsed, gen)
+    drafter.eval()
+    save_dflash(drafter, out_dir)
+    return step, elapsed
