@@ -208,9 +208,13 @@ def looks_like_path(value: str) -> bool:
 
 
 def resolve_source(value: str | None, base: Path, path: Path, key: str) -> str | None:
-    """An existing file/folder becomes absolute (relative to the preset); a path that is missing fails."""
+    """An existing file/folder becomes absolute (relative to the preset); a path that is missing fails.
+    The word `demo` names the shipped demo target or drafter, wherever the package is installed."""
     if value is None:
         return None
+    if value == "demo":
+        from .assets import DEMO_DRAFTER, DEMO_TARGET
+        return str(DEMO_DRAFTER if key == "drafter" else DEMO_TARGET)
     candidate = Path(value).expanduser()
     candidate = candidate if candidate.is_absolute() else base / candidate
     if candidate.exists():
@@ -229,12 +233,14 @@ def resolved_dict(preset: Preset) -> dict[str, Any]:
     options = dict(preset.method_options)
     if preset.method not in (None, "auto"):
         options = check_options(get_method(preset.method), options)
-    return {"description": preset.description, "target": preset.target, "drafter": preset.drafter,
-            "method": preset.method, "method_options": options, "sampling": preset.sampling.resolved()}
+    from .assets import DEMO_TARGET
+
+    return {"description": preset.description, "target": preset.target or (str(DEMO_TARGET) if DEMO_TARGET.exists() else None),
+            "drafter": preset.drafter, "method": preset.method, "method_options": options, "sampling": preset.sampling.resolved()}
 
 
 def to_yaml(preset: Preset) -> str:
     import yaml
 
-    header = f"# {preset.path}\n# target null = the shipped demo target\n"
+    header = f"# {preset.path}\n"
     return header + yaml.safe_dump(resolved_dict(preset), sort_keys=False, allow_unicode=True)
