@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 DEFAULT_DTYPE = "auto"
 DEFAULT_DEVICE = "auto"
@@ -66,9 +67,12 @@ def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(check_source(name))
+        tokenizer = AutoTokenizer.from_pretrained(check_source(name))
     except (OSError, ValueError) as err:
         raise LoadError(f"cannot load a tokenizer from {name}: {_first_line(err)}") from err
+    if len(tokenizer) <= 1:  # transformers 5 builds an empty tokenizer when the files are missing
+        raise LoadError(f"{name}: no tokenizer files (tokenizer.json, vocab) found")
+    return tokenizer
 
 
 def load_target(name: str, *, dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE,
@@ -95,6 +99,8 @@ def load_target(name: str, *, dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_
     except OSError as err:
         where = "this folder" if Path(source).exists() else "the hub (offline?) or a local folder"
         raise LoadError(f"cannot load {name} from {where}: {_first_line(err)}") from err
+    except (RuntimeError, SafetensorError) as err:  # weights that are corrupt or do not fit the config
+        raise LoadError(f"cannot load the weights of {name}: {_first_line(err)}") from err
     if device_map is None and quant is None:
         model = model.to(dev)
     model.eval()

@@ -117,12 +117,12 @@ class _Loop:
 
     def append(self, tokens: list[int]) -> tuple[list[int], str | None]:
         """Commit tokens to the sequence, cut at the first EOS or a limit; say why generation ends, if it does."""
+        tokens = tokens[:self.config.max_new_tokens - self.generated]  # first, so an EOS past the cut is not "eos"
         finish = None
         for i, tok in enumerate(tokens):
             if tok in self.config.eos_token_ids:
                 tokens, finish = tokens[:i + 1], "eos"
                 break
-        tokens = tokens[:self.config.max_new_tokens - self.generated]
         self.tokens = torch.cat([self.tokens, torch.tensor(tokens, dtype=torch.long, device=self.device)])
         if finish is None and self.generated >= self.config.max_new_tokens:
             finish = "length"

@@ -73,7 +73,9 @@ class DraftTree:
 
 def node_depths(parents: list[int], device="cpu") -> torch.Tensor:
     depth: list[int] = []
-    for p in parents:
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:  # a drafter bug: say so, rather than an IndexError or a wrong mask
+            raise ValueError(f"DraftTree node {i} has parent {p}; parents must come before children")
         depth.append(1 if p < 0 else depth[p] + 1)
     return torch.tensor(depth, dtype=torch.long, device=device)
 

@@ -1,0 +1,167 @@
+"""The tree forward and KV compaction, over many random trees (hypothesis), against plain forwards.
+
+For a random prefix, anchor, tree and accepted root-to-node path:
+  - every tree row's logits equal a fresh forward over prefix + anchor + that node's root path;
+  - after compact(), the next token's logits from the cache equal a fresh forward over the committed text.
+Also the tree helpers: ancestor_matrix, DraftTree.dedup, DraftTree.truncate_depth.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_llama, tiny_qwen3
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from treegen.engine.cache import cache_length, compact, new_cache
+from treegen.engine.tree import DraftTree, ancestor_matrix, node_depths, verification_inputs
+
+VOCAB = 64
+ATOL = 1e-4
+MODELS = {"qwen3": tiny_qwen3(vocab=VOCAB), "llama": tiny_llama(vocab=VOCAB)}
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@st.composite
+def trees(draw, max_nodes: int = 14, vocab: int = VOCAB, allow_empty: bool = True):
+    """A random tree: parents[i] in [-1, i), tokens from a small range so duplicate siblings happen."""
+    n = draw(st.integers(0 if allow_empty else 1, max_nodes))
+    parents = [draw(st.integers(-1, i - 1)) for i in range(n)]
+    tokens = [draw(st.integers(0, vocab - 1)) for _ in range(n)]
+    return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+
+
+def root_path(tree: DraftTree, node: int) -> list[int]:
+    """Node indices from the anchor's child down to node (empty for node -1)."""
+    parents, path = tree.parents.tolist(), []
+    while node != -1:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def fresh_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@SETTINGS
+@given(data=st.data())
+def test_tree_rows_and_compacted_cache_match_fresh_forward(name, data):
+    model = MODELS[name]
+    prefix = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12), "prefix")
+    anchor = data.draw(st.integers(0, VOCAB - 1), "anchor")
+    tree = data.draw(trees(), "tree")
+    end = data.draw(st.integers(-1, len(tree) - 1), "accepted leaf")  # -1: no draft accepted
+    bonus = data.draw(st.integers(0, VOCAB - 1), "bonus")
+    past = len(prefix)
+
+    cache = new_cache(model)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([prefix]), cache=cache, use_cache=True)
+        ids, pos, mask = verification_inputs(anchor, tree, past, model.dtype)
+        tree_logits = model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache,
+                            use_cache=True).logits[0]
+    assert cache_length(cache) == past + len(tree) + 1
+
+    for node in range(-1, len(tree)):  # each row sees exactly its own root path
+        path_tokens = tree.tokens[root_path(tree, node)].tolist()
+        expected = fresh_logits(model, prefix + [anchor] + path_tokens)[-1]
+        torch.testing.assert_close(tree_logits[node + 1], expected, atol=ATOL, rtol=0)
+
+    path = root_path(tree, end)
+    compact(cache, past, [0] + [i + 1 for i in path])
+    committed = prefix + [anchor] + tree.tokens[path].tolist()
+    assert cache_length(cache) == len(committed)
+    with torch.no_grad():
+        nxt = model(input_ids=torch.tensor([[bonus]]), position_ids=torch.tensor([[len(committed)]]),
+                    cache=cache, use_cache=True).logits[0, -1]
+    torch.testing.assert_close(nxt, fresh_logits(model, committed + [bonus])[-1], atol=ATOL, rtol=0)
+
+
+def test_two_rounds_of_compaction_in_a_row():
+    """Compaction leaves a cache that the next tree round builds on (rows past the first round)."""
+    model = MODELS["qwen3"]
+    tree = DraftTree(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([-1, -1, 1, 2, 0]))
+    cache, committed = new_cache(model), [1, 2, 3]
+    with torch.no_grad():
+        model(input_ids=torch.tensor([committed[:-1]]), cache=cache, use_cache=True)
+        for leaf in (3, 4, -1, 2):
+            past = len(committed) - 1
+            ids, pos, mask = verification_inputs(committed[-1], tree, past, model.dtype)
+            model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True)
+            path = root_path(tree, leaf)
+            compact(cache, past, [0] + [i + 1 for i in path])
+            committed += tree.tokens[path].tolist() + [11]   # accepted drafts, then a bonus token
+        out = model(input_ids=torch.tensor([[committed[-1]]]), position_ids=torch.tensor([[len(committed) - 1]]),
+                    cache=cache, use_cache=True).logits[0, -1]
+    torch.testing.assert_close(out, fresh_logits(model, committed)[-1], atol=ATOL, rtol=0)
+
+
+# --- tree helpers ------------------------------------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(tree=trees(max_nodes=20))
+def test_ancestor_matrix_is_the_ancestor_relation(tree):
+    allowed = ancestor_matrix(tree)
+    n = len(tree)
+    assert allowed.shape == (n + 1, n + 1)
+    for row in range(n + 1):
+        ancestors = {0} | {i + 1 for i in root_path(tree, row - 1)}
+        assert set(allowed[row].nonzero().flatten().tolist()) == ancestors
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree=trees(max_nodes=20, vocab=3))
+def test_dedup_keeps_each_distinct_child_once(tree):
+    out = tree.dedup()
+    parents, tokens = out.parents.tolist(), out.tokens.tolist()
+    assert all(p < i for i, p in enumerate(parents))
+    assert out.depth.tolist() == node_depths(parents).tolist()
+    assert len(set(zip(parents, tokens))) == len(out), "duplicate siblings remain"
+
+    def paths(t: DraftTree) -> set[tuple[int, ...]]:
+        return {tuple(t.tokens[root_path(t, i)].tolist()) for i in range(len(t))}
+    assert paths(out) <= paths(tree)
+    # the spec: a node stays iff its parent stays and no earlier sibling has its token; order is kept
+    old_parents, old_tokens, stays, seen = tree.parents.tolist(), tree.tokens.tolist(), [], set()
+    for i, (p, t) in enumerate(zip(old_parents, old_tokens)):
+        if (p == -1 or p in stays) and (p, t) not in seen:
+            stays.append(i)
+            seen.add((p, t))
+    assert tokens == [old_tokens[i] for i in stays]
+    assert parents == [stays.index(old_parents[i]) if old_parents[i] >= 0 else -1 for i in stays]
+    for new, old in enumerate(stays):  # a kept node keeps every distinct child token it had
+        assert {t for p, t in zip(parents, tokens) if p == new} == \
+            {t for p, t in zip(old_parents, old_tokens) if p == old}
+    if len(set(zip(tree.parents.tolist(), tree.tokens.tolist()))) == len(tree):
+        assert out is tree  # nothing to drop: the tree itself comes back
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree=trees(max_nodes=20), max_depth=st.integers(0, 6))
+def test_truncate_depth_keeps_the_shallow_part(tree, max_depth):
+    out = tree.truncate_depth(max_depth)
+    keep = [i for i in range(len(tree)) if int(tree.depth[i]) <= max_depth]
+    assert out.tokens.tolist() == tree.tokens[keep].tolist()
+    assert all(p < i for i, p in enumerate(out.parents.tolist()))
+    assert out.depth.tolist() == node_depths(out.parents.tolist()).tolist()
+    for new, old in enumerate(keep):  # same root paths, token for token
+        assert out.tokens[root_path(out, new)].tolist() == tree.tokens[root_path(tree, old)].tolist()
+
+
+def test_chain_and_empty_trees():
+    chain = DraftTree.chain(torch.tensor([4, 4, 4]))
+    assert chain.parents.tolist() == [-1, 0, 1] and chain.depth.tolist() == [1, 2, 3]
+    assert chain.dedup() is chain  # equal tokens at different depths are not siblings
+    assert torch.equal(ancestor_matrix(chain), torch.ones(4, 4, dtype=torch.bool).tril())
+    empty = DraftTree.empty()
+    assert len(empty) == 0 and ancestor_matrix(empty).tolist() == [[True]]
+    ids, pos, mask = verification_inputs(7, empty, 5, torch.float32)
+    assert ids.tolist() == [[7]] and pos.tolist() == [[5]] and mask.shape == (1, 1, 1, 6) and not mask.any()
+    with pytest.raises(ValueError, match="one length"):
+        DraftTree(torch.tensor([1, 2]), torch.tensor([-1]))
+    for bad in ([1, -1], [-1, 1], [-2, 0]):
+        with pytest.raises(ValueError, match="parents must come before children"):
+            DraftTree(torch.tensor([1, 2]), torch.tensor(bad))
