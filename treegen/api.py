@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -92,6 +93,16 @@ class Generator:
             load_in_8bit=self.load_in_8bit, load_in_4bit=self.load_in_4bit,
             attn_implementation=self.attn_implementation)
         self.draft_model = build_drafter(self.method, self.model, self.drafter, self.method_options)
+
+    def with_method(self, method: str, drafter: str | None = None, method_options: dict | None = None) -> Generator:
+        """Another method on this generator's loaded target, not loaded again (benchmarks compare methods so)."""
+        from .assets import best_method
+
+        other = copy.copy(self)
+        other.drafter, other.method_options = drafter, dict(method_options or {})
+        other.method = best_method(drafter) if method == "auto" else method
+        other.draft_model = build_drafter(other.method, self.model, drafter, other.method_options)
+        return other
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

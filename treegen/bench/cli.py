@@ -1,10 +1,90 @@
-"""`treegen bench`: every method side by side in one run (see the bench issue)."""
+"""`treegen bench`: every method side by side in one run, on the same prompts, interleaved.
+
+Only click and torch-free modules are imported here, so `treegen --help` stays fast; the run is in
+run_bench().
+"""
 from __future__ import annotations
 
+import shlex
+
 import click
+from click.core import ParameterSource
+
+from .defaults import DEFAULT_REPEATS, DEFAULT_SEED, WARMUP_TOKENS
+from .prompts import DEFAULT_PROMPTS
+
+HELP = f"""Benchmark methods side by side: acceptance, tokens/s, speedup vs ar.
+
+Every number is given over all prompts and per prompt category. The table goes to stdout; --json and
+--plot write files. Each target is loaded once and shared by its methods; after a warm-up
+({WARMUP_TOKENS} tokens per method) every prompt runs every method in turn, so drift hits all alike.
+At T=0 an output that differs from ar's is shown in red and makes the exit status 1.
+
+\b
+treegen bench --methods ar,pld,dflash,ddtree -n 128 --json bench.json --plot bench.png
+treegen bench --methods ar,a/ddtree-32.yaml,b/ddtree-64.yaml --prompts my.jsonl
+treegen bench --target Qwen/Qwen3-8B --methods ar,pld --prompts chat --temperature 0.7
+"""
 
 
-@click.command()
-def bench():
-    """Benchmark methods side by side (not built yet)."""
-    raise click.ClickException("treegen bench is not built yet")
+@click.command(help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--methods", metavar="LIST",
+              help="Comma-separated method names, preset names or preset .yaml paths (each row is labelled "
+                   "by its name; two presets of one method compare two settings). A name that is both is the "
+                   "method. Default: every method, those needing a drafter when there is one. An `ar` "
+                   "baseline is added when missing.")
+@click.option("--prompts", metavar="FILE|NAME",
+              help=f"A .jsonl file ({{\"prompt\", \"id\", \"category\"}} a line), a text file of prompts "
+                   f"separated by blank lines, or a built-in set: {DEFAULT_PROMPTS} (code, the default), chat.")
+@click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), metavar="N",
+              help="Most new tokens per generation (default: the API's).")
+@click.option("--temperature", "--temp", "temperature", type=click.FloatRange(min=0), metavar="T",
+              help="0 = greedy (the default), where every output must equal ar's token for token.")
+@click.option("--repeats", type=click.IntRange(min=1), default=DEFAULT_REPEATS, show_default=True, metavar="R",
+              help="Passes over the prompts; speedups are medians over repeats.")
+@click.option("--limit", type=click.IntRange(min=1), metavar="K", help="Only the first K prompts.")
+@click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True, metavar="S",
+              help="Base seed when sampling (prompt i of repeat r gets seed+r*prompts+i, for every method).")
+@click.option("--target", metavar="HUB_ID|PATH",
+              help="Target model: hub id or folder (default: the shipped demo target); overrides the presets' too.")
+@click.option("--drafter", metavar="PATH",
+              help="DFlash drafter for dflash/ddtree (default on the demo target: the demo drafter); overrides "
+                   "the presets' too.")
+@click.option("--hf-assistant", metavar="PATH",
+              help="An autoregressive draft model for the hf-assisted peer (transformers assisted generation).")
+@click.option("--peers/--no-peers", default=True, show_default=True,
+              help="Also run transformers' generate(): plain (hf-generate) and with prompt lookup (hf-pld).")
+@click.option("--device", help="auto, cpu, cuda or cuda:N.")
+@click.option("--dtype", help="auto, fp32, fp16 or bf16.")
+@click.option("--threads", type=click.IntRange(min=1), metavar="N",
+              help="CPU threads for torch (default: torch's; fewer on a machine shared with other work).")
+@click.option("--json", "json_path", metavar="PATH", help="Write every number (and every run) as JSON.")
+@click.option("--plot", "plot_path", metavar="PATH",
+              help="Write a PNG: acceptance length and speedup by category, acceptance per position.")
+@click.option("--allow-mismatch", is_flag=True, help="Exit 0 even when a T=0 output differs from ar's.")
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
+@click.pass_context
+def bench(ctx, debug, **kw):
+    from ..cli import failures
+
+    if kw["hf_assistant"] and not kw["peers"]:
+        raise click.UsageError("--hf-assistant is a peer: drop --no-peers", ctx=ctx)
+    with failures(debug):
+        from .session import run_bench
+
+        run_bench(kw, command_line(ctx))
+
+
+def command_line(ctx: click.Context) -> str:
+    """The invocation, from the options given (not their defaults), as one shell line."""
+    parts = ["treegen", "bench"]
+    for param in ctx.command.params:
+        if param.name == "debug" or ctx.get_parameter_source(param.name) is not ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params[param.name]
+        if isinstance(value, bool):
+            parts.append(param.opts[0] if value else param.secondary_opts[0])
+        else:
+            parts += [param.opts[-1], str(value)]
+    return shlex.join(parts)
