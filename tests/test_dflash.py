@@ -5,14 +5,13 @@ import json
 
 import pytest
 import torch
+from conftest import tiny_qwen3
 
 from treegen.drafters import build_drafter
 from treegen.engine.generate import GenerationConfig, generate
 from treegen.engine.sampling import Sampler
 from treegen.models.checkpoint import CheckpointError, load_dflash, save_dflash
 from treegen.models.dflash import ContextKV, DFlashConfig, DFlashDrafter
-
-from conftest import tiny_qwen3
 
 Z_LAB_KEYS = {"fc.weight", "hidden_norm.weight", "norm.weight"} | {
     f"layers.{i}.{name}.weight" for i in range(2) for name in (

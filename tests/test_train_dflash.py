@@ -5,11 +5,10 @@ import json
 
 import torch
 from click.testing import CliRunner
+from conftest import TINY_CORPUS
 
 from treegen.train.cli import train
 from treegen.train.dflash import block_mask, sample_anchors
-
-from conftest import TINY_CORPUS
 
 
 def test_block_mask_sees_context_before_anchor_and_own_block():

@@ -6,12 +6,10 @@ imported inside the commands, so `treegen --help` stays fast.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
-import traceback
-from contextlib import closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 
 import click
@@ -19,15 +17,8 @@ import click
 from . import __version__
 from . import presets as presets_mod
 from .bench.cli import bench
-from .cli_options import Failure, common_options, setup
+from .cli_options import Failure, Interrupted, common_options, guarded, setup
 from .train.cli import train
-
-
-class Interrupted(click.ClickException):
-    exit_code = 130
-
-    def __init__(self):
-        super().__init__("interrupted")
 
 
 def error_line(message: str) -> None:
@@ -57,42 +48,6 @@ class TreegenGroup(click.Group):
         if standalone_mode:
             sys.exit(code)
         return code
-
-
-# errors whose message is written for the user (matched by name: importing loading.py would import torch)
-KNOWN_ERRORS = ("LoadError", "ValueError", "OSError")
-
-
-def one_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    text = lines[0] if lines else ""
-    if text and any(c.__name__ in KNOWN_ERRORS for c in type(err).__mro__):
-        return text
-    return f"{type(err).__name__}: {text} (--debug shows the traceback)"
-
-
-@contextmanager
-def failures(debug: bool):
-    """Exceptions from the engine and loaders become one-line failures; --debug adds the traceback."""
-    try:
-        yield
-    except (click.ClickException, click.exceptions.Exit, SystemExit):
-        raise
-    except KeyboardInterrupt:
-        raise Interrupted() from None
-    except Exception as err:
-        if debug:
-            traceback.print_exc()
-        raise Failure(one_line(err)) from err
-
-
-def guarded(f):
-    """Add --debug and turn the command's failures into one-line errors."""
-    @functools.wraps(f)
-    def wrapper(*args, debug: bool, **kwargs):
-        with failures(debug):
-            return f(*args, **kwargs)
-    return click.option("--debug", is_flag=True, help="Show tracebacks of errors.")(wrapper)
 
 
 # ---- the group ------------------------------------------------------------------------------------------

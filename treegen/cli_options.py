@@ -3,7 +3,9 @@ config and a loaded Generator. Every option defaults to None, "not given", so th
 decide: no default value is written here."""
 from __future__ import annotations
 
+import functools
 import sys
+import traceback
 from contextlib import contextmanager
 
 import click
@@ -14,6 +16,49 @@ from . import presets as presets_mod
 class Failure(click.ClickException):
     """A runtime error the user can act on: one line, exit status 1."""
     exit_code = 1
+
+
+class Interrupted(click.ClickException):
+    exit_code = 130
+
+    def __init__(self):
+        super().__init__("interrupted")
+
+
+# errors whose message is written for the user (matched by name: importing loading.py would import torch)
+KNOWN_ERRORS = ("LoadError", "CheckpointError", "CacheError", "ValueError", "OSError")
+
+
+def one_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else ""
+    if text and any(c.__name__ in KNOWN_ERRORS for c in type(err).__mro__):
+        return text
+    return f"{type(err).__name__}: {text} (--debug shows the traceback)"
+
+
+@contextmanager
+def failures(debug: bool):
+    """Exceptions from the engine and loaders become one-line failures; --debug adds the traceback."""
+    try:
+        yield
+    except (click.ClickException, click.exceptions.Exit, SystemExit):
+        raise
+    except KeyboardInterrupt:
+        raise Interrupted() from None
+    except Exception as err:
+        if debug:
+            traceback.print_exc()
+        raise Failure(one_line(err)) from err
+
+
+def guarded(f):
+    """Add --debug and turn the command's failures into one-line errors."""
+    @functools.wraps(f)
+    def wrapper(*args, debug: bool, **kwargs):
+        with failures(debug):
+            return f(*args, **kwargs)
+    return click.option("--debug", is_flag=True, help="Show tracebacks of errors.")(wrapper)
 
 
 def _apply(f, options):

@@ -54,13 +54,21 @@ def _quantization(load_in_8bit: bool, load_in_4bit: bool, compute_dtype: torch.d
     if not (load_in_8bit or load_in_4bit):
         return None
     try:
-        from transformers import BitsAndBytesConfig
         import bitsandbytes  # noqa: F401
+        from transformers import BitsAndBytesConfig
     except ImportError as err:
         raise LoadError(f"4/8-bit loading needs bitsandbytes: {err}") from err
     if load_in_8bit:
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_type="nf4")
+
+
+def quiet_transformers() -> None:
+    """Progress bars and advice from transformers would land in the user's stderr (and pipes)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
 
 
 def load_tokenizer(name: str):
@@ -81,6 +89,7 @@ def load_target(name: str, *, dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_
     """(model, tokenizer) for a causal LM, in eval mode, on the chosen device."""
     from transformers import AutoModelForCausalLM
 
+    quiet_transformers()
     source = check_source(name)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)

@@ -66,7 +66,7 @@ treegen bench --target Qwen/Qwen3-8B --methods ar,pld --prompts chat --temperatu
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
 @click.pass_context
 def bench(ctx, debug, **kw):
-    from ..cli import failures
+    from ..cli_options import failures
 
     if kw["hf_assistant"] and not kw["peers"]:
         raise click.UsageError("--hf-assistant is a peer: drop --no-peers", ctx=ctx)

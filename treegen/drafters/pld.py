@@ -9,7 +9,6 @@ from . import defaults as D
 from .base import DraftState
 
 
-
 class PromptLookupDrafter:
     name = "pld"
     target_layer_ids: tuple[int, ...] = ()

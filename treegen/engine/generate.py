@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..drafters.base import DraftState, Drafter
+from ..drafters.base import Drafter, DraftState
 from .cache import check_compactable, compact, new_cache
 from .sampling import Sampler
 from .tree import DraftTree, verification_inputs

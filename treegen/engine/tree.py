@@ -25,12 +25,12 @@ class DraftTree:
             object.__setattr__(self, "depth", node_depths(self.parents.tolist(), self.parents.device))
 
     @classmethod
-    def empty(cls, device="cpu") -> "DraftTree":
+    def empty(cls, device="cpu") -> DraftTree:
         none = torch.empty(0, dtype=torch.long, device=device)
         return cls(none, none.clone())
 
     @classmethod
-    def chain(cls, tokens: torch.Tensor, scores: torch.Tensor | None = None) -> "DraftTree":
+    def chain(cls, tokens: torch.Tensor, scores: torch.Tensor | None = None) -> DraftTree:
         tokens = tokens.long().flatten()
         idx = torch.arange(len(tokens), device=tokens.device)
         return cls(tokens, idx - 1, idx + 1, scores)
@@ -38,7 +38,7 @@ class DraftTree:
     def __len__(self) -> int:
         return self.tokens.numel()
 
-    def dedup(self) -> "DraftTree":
+    def dedup(self) -> DraftTree:
         """Drop a node whose parent already has a child with the same token, and its whole subtree."""
         parents, tokens = self.parents.tolist(), self.tokens.tolist()
         keep, new_index, seen = [], {}, set()
@@ -58,7 +58,7 @@ class DraftTree:
         scores = None if self.scores is None else self.scores[idx]
         return DraftTree(self.tokens[idx], new_parents, self.depth[idx], scores)
 
-    def truncate_depth(self, max_depth: int) -> "DraftTree":
+    def truncate_depth(self, max_depth: int) -> DraftTree:
         """Keep the nodes no deeper than max_depth (a prefix-closed subset, so parents stay valid)."""
         if len(self) == 0 or int(self.depth.max()) <= max_depth:
             return self

@@ -93,7 +93,7 @@ def read_state_dict(folder: Path, prefix: str = "") -> dict[str, torch.Tensor]:
     for f in files:
         state.update(load_file(f))
     if prefix:
-        state = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+        state = {k.removeprefix(prefix): v for k, v in state.items()}
     return state
 
 

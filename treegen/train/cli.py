@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from ..cli_options import guarded
+
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
@@ -39,6 +41,7 @@ def train():
 @click.option("--heldout", "heldout", multiple=True, help="Held-out text for the final acceptance estimate.")
 @click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt.")
 @click.option("--seed", default=0, show_default=True)
+@guarded
 def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, steps, minutes, batch,
                seq_len, anchors, lr, regen, heldout, resume, seed):
     """Train a DFlash block-diffusion drafter for TARGET; writes z-lab's checkpoint layout to OUT."""
@@ -57,6 +60,7 @@ def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_
 @click.option("--data", multiple=True, required=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True)
 @click.option("--vocab-size", default=8192, show_default=True)
+@guarded
 def tokenizer_cmd(data, out, vocab_size):
     """Train a byte-level BPE tokenizer (with eos, pad and mask tokens)."""
     from .data import read_data
@@ -73,6 +77,7 @@ def tokenizer_cmd(data, out, vocab_size):
 @click.option("--steps", default=100_000, show_default=True)
 @click.option("--minutes", type=float, default=None)
 @click.option("--resume", is_flag=True)
+@guarded
 def target_cmd(tok_dir, data, out, steps, minutes, resume):
     """Train a small Qwen3-architecture target from scratch (how the demo target is made)."""
     from transformers import AutoTokenizer

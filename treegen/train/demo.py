@@ -26,8 +26,9 @@ def log(msg: str) -> None:
 
 
 def stage_tokenizer(work: Path) -> None:
-    from .tokenizer import train_tokenizer
     from transformers import AutoTokenizer
+
+    from .tokenizer import train_tokenizer
 
     tok_dir = work / "tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
@@ -46,6 +47,7 @@ def stage_tokenizer(work: Path) -> None:
 
 def stage_target(work: Path, minutes: float, resume: bool) -> None:
     from transformers import AutoTokenizer
+
     from .target import build_target, perplexity, train_target
 
     out = work / "target"
@@ -94,6 +96,7 @@ def stage_drafter(work: Path, minutes: float, regen: int, resume: bool) -> None:
 def stage_export(work: Path, assets: Path) -> None:
     """Copy the pair into the package as fp16 safetensors (what ships)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from ..models.checkpoint import load_dflash, save_dflash
 
     target = AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32)
