@@ -8,8 +8,7 @@ import torch
 
 from ..engine.tree import DraftTree
 from . import defaults as D
-from .base import DraftState
-from .dflash import DFlashBlock
+from .dflash import BlockDrafter, DFlashBlock
 
 
 def best_first(logp: torch.Tensor, tokens: torch.Tensor, budget: int) -> DraftTree:
@@ -35,27 +34,16 @@ def best_first(logp: torch.Tensor, tokens: torch.Tensor, budget: int) -> DraftTr
                      torch.tensor(out_depth, device=dev), torch.tensor(out_score, device=dev))
 
 
-class DDTreeDrafter:
+class DDTreeDrafter(BlockDrafter):
     name = "ddtree"
 
     def __init__(self, block: DFlashBlock, budget: int = D.DDTREE_BUDGET, top_k: int = D.DDTREE_TOP_K):
         if budget < 1:
             raise ValueError(f"ddtree budget must be >= 1, got {budget}")
-        self.block, self.budget = block, budget
+        super().__init__(block)
+        self.budget = budget
         self.top_k = top_k or budget  # no node can rank below `budget` among its siblings
-        self.target_layer_ids = block.target_layer_ids
 
-    def begin(self, prompt, features) -> None:
-        self.block.begin(features)
-
-    def commit(self, tokens, features) -> None:
-        self.block.commit(features)
-
-    def propose(self, state: DraftState) -> DraftTree:
-        depth = min(self.block.block_size - 1, state.max_depth)
-        if depth < 1:
-            self.block.hidden(int(state.tokens[-1]))
-            return DraftTree.empty(state.tokens.device)
-        logp = torch.log_softmax(self.block.marginal_logits(int(state.tokens[-1]), depth), dim=-1)
+    def tree(self, logp: torch.Tensor) -> DraftTree:
         top = torch.topk(logp, min(self.top_k, logp.shape[-1]), dim=-1)
         return best_first(top.values, top.indices, self.budget)

@@ -51,8 +51,9 @@ class DFlashBlock:
         return self.lm_head(self.hidden(anchor)[1:1 + depth]).float()
 
 
-class DFlashChainDrafter:
-    name = "dflash"
+class BlockDrafter:
+    """A method that drafts from one DFlash pass per round; subclasses turn the marginals into a tree."""
+    name = "block"
 
     def __init__(self, block: DFlashBlock):
         self.block = block
@@ -70,7 +71,17 @@ class DFlashChainDrafter:
             self.block.hidden(int(state.tokens[-1]))
             return DraftTree.empty(state.tokens.device)
         logits = self.block.marginal_logits(int(state.tokens[-1]), depth)
-        logp = torch.log_softmax(logits, dim=-1)
+        return self.tree(torch.log_softmax(logits, dim=-1))
+
+    def tree(self, logp: torch.Tensor) -> DraftTree:
+        """[depth, V] marginal log-probs -> the draft tree."""
+        raise NotImplementedError
+
+
+class DFlashChainDrafter(BlockDrafter):
+    name = "dflash"
+
+    def tree(self, logp: torch.Tensor) -> DraftTree:
         best = logp.max(dim=-1)
         return DraftTree.chain(best.indices, best.values.cumsum(0))
 
