@@ -61,6 +61,35 @@ def load_checkpoint(path: Path, model, optimizer, gen: torch.Generator) -> tuple
     return state["step"], state["elapsed"]
 
 
+def fit(model, opt, sched: Schedule, gen: torch.Generator, ckpt: Path, step_loss, *, resume: bool,
+        ckpt_every: int, on_checkpoint=None) -> tuple[int, float]:
+    """The loop every trainer shares: schedule the LR, step, clip, log, checkpoint; resumable.
+
+    step_loss(gen) -> (loss, tokens in the batch, extra text for the progress line).
+    """
+    step, elapsed = load_checkpoint(ckpt, model, opt, gen) if resume and ckpt.exists() else (0, 0.0)
+    progress = Progress()
+    model.train()
+    while not sched.done(step, elapsed):
+        t0 = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = sched.lr_at(step, elapsed)
+        loss, tokens, extra = step_loss(gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        elapsed += time.perf_counter() - t0
+        progress.update(step, loss.item(), tokens, opt.param_groups[0]["lr"], elapsed, extra)
+        if step % ckpt_every == 0:
+            save_checkpoint(ckpt, model, opt, step, elapsed, gen)
+            if on_checkpoint:
+                on_checkpoint()
+    save_checkpoint(ckpt, model, opt, step, elapsed, gen)
+    return step, elapsed
+
+
 class Progress:
     """One status line (to stderr) every `every` steps: step, loss, tokens/s, lr, elapsed."""
 

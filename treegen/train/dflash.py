@@ -8,7 +8,6 @@ weighted exp(-(k-1)/gamma) so that early positions, which every accepted prefix 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 
 from ..models.checkpoint import save_dflash
 from ..models.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
-from .common import Progress, Schedule, load_checkpoint, random_windows, save_checkpoint
+from .common import Schedule, fit, random_windows
 
 GAMMA_BY_BLOCK = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -118,28 +117,17 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
     gamma = cfg.gamma or GAMMA_BY_BLOCK.get(cfg.block_size, cfg.block_size / 2.3)
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
-    step, elapsed = load_checkpoint(ckpt, drafter, opt, gen) if resume and ckpt.exists() else (0, 0.0)
-    sched, progress = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=50), Progress()
-    drafter.train()
-    while not sched.done(step, elapsed):
-        t0 = time.perf_counter()
-        for group in opt.param_groups:
-            group["lr"] = sched.lr_at(step, elapsed)
-        ids = random_windows(stream, cfg.batch, cfg.seq_len, gen)
-        loss, acc = dflash_loss(drafter, target, ids, sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors,
-                                                                     cfg.block_size, gen), gamma)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        step += 1
-        elapsed += time.perf_counter() - t0
-        progress.update(step, loss.item(), cfg.batch * cfg.anchors * cfg.block_size, opt.param_groups[0]["lr"],
-                        elapsed, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}")
-        if step % cfg.ckpt_every == 0:
-            save_checkpoint(ckpt, drafter, opt, step, elapsed, gen)
-            save_dflash(drafter, out_dir)
-    save_checkpoint(ckpt, drafter, opt, step, elapsed, gen)
+
+    def step_loss(g):
+        ids = random_windows(stream, cfg.batch, cfg.seq_len, g)
+        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, cfg.block_size, g)
+        loss, acc = dflash_loss(drafter, target, ids, anchors, gamma)
+        return loss, cfg.batch * cfg.anchors * cfg.block_size, \
+            f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
+
+    sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=50)
+    step, elapsed = fit(drafter, opt, sched, gen, ckpt, step_loss, resume=resume, ckpt_every=cfg.ckpt_every,
+                        on_checkpoint=lambda: save_dflash(drafter, out_dir))
     drafter.eval()
     save_dflash(drafter, out_dir)
     return step, elapsed

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from .common import Progress, Schedule, load_checkpoint, random_windows, save_checkpoint
+from .common import Schedule, fit, random_windows
 
 
 @dataclass(frozen=True)
@@ -57,23 +56,10 @@ def train_target(model, train: torch.Tensor, out_dir: Path, *, batch: int = 16, 
     ckpt = out_dir / "train_state.pt"
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(seed)
-    step, elapsed = load_checkpoint(ckpt, model, opt, gen) if resume and ckpt.exists() else (0, 0.0)
-    sched, progress = Schedule(lr, max_steps, max_seconds), Progress()
-    model.train()
-    while not sched.done(step, elapsed):
-        t0 = time.perf_counter()
-        for group in opt.param_groups:
-            group["lr"] = sched.lr_at(step, elapsed)
+
+    def step_loss(g):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = lm_loss(model, random_windows(train, batch, seq_len + 1, gen))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        elapsed += time.perf_counter() - t0
-        progress.update(step, loss.item(), batch * seq_len, opt.param_groups[0]["lr"], elapsed)
-        if step % ckpt_every == 0:
-            save_checkpoint(ckpt, model, opt, step, elapsed, gen)
-    save_checkpoint(ckpt, model, opt, step, elapsed, gen)
-    return step, elapsed
+            return lm_loss(model, random_windows(train, batch, seq_len + 1, g)), batch * seq_len, ""
+
+    return fit(model, opt, Schedule(lr, max_steps, max_seconds), gen, ckpt, step_loss, resume=resume,
+               ckpt_every=ckpt_every)
