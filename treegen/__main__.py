@@ -1,0 +1,4 @@
+"""`python -m treegen` runs the CLI (the same as the `treegen` command)."""
+from .cli import main
+
+main()
