@@ -32,8 +32,9 @@ class DFlashBlock:
     def commit(self, features: torch.Tensor) -> None:
         self.pending = features if self.pending is None else torch.cat([self.pending, features])
 
-    def hidden(self, anchor: int) -> torch.Tensor:
-        """[B, H] drafter states of the block [anchor, MASK...]; folds the pending context into the cache."""
+    def hidden(self, anchor: int, normed: bool = True) -> torch.Tensor:
+        """[B, H] drafter states of the block [anchor, MASK...]; folds the pending context into the cache.
+        normed=False: before the drafter's final norm."""
         device, new = self.embed.weight.device, self.pending
         past = self.cache.length
         start = past + new.shape[0]  # the anchor's position: context is every committed token before it
@@ -42,7 +43,7 @@ class DFlashBlock:
         block_pos = torch.arange(start, start + self.block_size, device=device)[None]
         ctx_pos = torch.arange(past, start, device=device)[None]
         ctx = self.model.project_context(new.to(self.embed.weight.dtype))[None]
-        out = self.model(self.embed(ids), block_pos, ctx, ctx_pos, self.cache)
+        out = self.model(self.embed(ids), block_pos, ctx, ctx_pos, self.cache, normed=normed)
         self.pending = None
         return out[0]
 

@@ -166,14 +166,15 @@ class DFlashDrafter(nn.Module):
         return self.hidden_norm(self.fc(features))
 
     def forward(self, block: torch.Tensor, block_pos: torch.Tensor, ctx: torch.Tensor, ctx_pos: torch.Tensor,
-                cache: ContextKV | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+                cache: ContextKV | None = None, mask: torch.Tensor | None = None, normed: bool = True) -> torch.Tensor:
         """block [b, Q, H] embeddings at block_pos [b, Q]; ctx [b, C, H] projected context at ctx_pos.
 
         With a cache, ctx holds only the new context rows and the cached ones are attended too.
         mask: None (every query sees all keys) or bool/additive [b, 1, Q, C_total + Q].
+        normed=False returns the states before the final norm (heads such as TreeFlash's add to them first).
         """
         rope_x, rope_ctx = self.rotary(block_pos, block.dtype), self.rotary(ctx_pos, block.dtype)
         x = block
         for i, layer in enumerate(self.layers):
             x = layer(x, ctx, rope_x, rope_ctx, cache, i, mask)
-        return self.norm(x)
+        return self.norm(x) if normed else x
