@@ -209,12 +209,16 @@ def looks_like_path(value: str) -> bool:
 
 def resolve_source(value: str | None, base: Path, path: Path, key: str) -> str | None:
     """An existing file/folder becomes absolute (relative to the preset); a path that is missing fails.
-    The word `demo` names the shipped demo target or drafter, wherever the package is installed."""
+    The word `demo` names the shipped demo target or drafter, and `demo/NAME` another shipped checkpoint of the
+    demo pair (demo/treeflash, ...), wherever the package is installed."""
     if value is None:
         return None
     if value == "demo":
         from .assets import DEMO_DRAFTER, DEMO_TARGET
         return str(DEMO_DRAFTER if key == "drafter" else DEMO_TARGET)
+    from .assets import demo_asset
+    if demo_asset(value) is not None:
+        return str(demo_asset(value))
     candidate = Path(value).expanduser()
     candidate = candidate if candidate.is_absolute() else base / candidate
     if candidate.exists():

@@ -8,6 +8,14 @@ DEMO_TARGET = ASSETS / "demo" / "target"
 DEMO_DRAFTER = ASSETS / "demo" / "dflash"
 
 
+def demo_asset(value: str) -> Path | None:
+    """`demo/NAME` names a shipped checkpoint of the demo pair (demo/dflash, demo/treeflash, ...); else None."""
+    if not value.startswith("demo/"):
+        return None
+    name = value.removeprefix("demo/")
+    return ASSETS / "demo" / name if name and "/" not in name and ".." not in name else None
+
+
 def best_method(drafter: str | None) -> str:
     """With a DFlash drafter the marginal tree is the best shipped method; without one, prompt lookup."""
     return "ddtree" if drafter else "pld"
