@@ -1,8 +1,10 @@
 """Benchmark prompts: a JSONL file, a text file of blank-line-separated prompts, or a built-in set by name.
 
 JSONL: one object a line, {"prompt": "...", "id": "...", "category": "..."}; only "prompt" is required.
-Built-in sets live in treegen/bench/prompts/NAME.jsonl; `python -m treegen.bench.prompts` rebuilds
-stdlib-heldout from the held-out split of the demo corpus (the file is committed, so runs need no corpus).
+Built-in sets live in treegen/bench/prompts/NAME.jsonl; `python -m treegen.bench.prompts [NAME]` rebuilds
+them (the files are committed, so runs need no corpus): stdlib-heldout from the held-out split of the demo
+corpus; thirdparty-code and prose from installed packages that no shipped model trained on (their code, and
+the prose of their package descriptions), so acceptance is measured off the training distribution too.
 """
 from __future__ import annotations
 
@@ -26,6 +28,10 @@ MIN_CHARS, MAX_CHARS = 120, 900
 MAX_IMPORT_LINES = 6
 SKIPPED_DIRS = ("encodings/",)  # generated codec tables: one long literal each
 BUILT_WITH_PYTHON = "3.11"       # the held-out split (and so the committed file) depends on the stdlib
+# third-party packages: pure-Python code the demo pair never saw (it trained on the stdlib alone)
+THIRDPARTY_PACKAGES = ("click", "rich", "yaml", "jinja2", "packaging", "networkx", "fsspec", "tqdm",
+                       "huggingface_hub", "markdown_it", "pygments", "sympy", "mpmath", "hypothesis")
+PROSE_COUNT, PROSE_CHARS = 14, (240, 700)
 
 
 class PromptError(ValueError):
@@ -177,17 +183,67 @@ def spread(items: list[Prompt], count: int) -> list[Prompt]:
     return [items[i * len(items) // count] for i in range(count)]
 
 
+# ---- sets off the training distribution ---------------------------------------------------------------------
+
+def build_thirdparty_code() -> list[Prompt]:
+    """Like stdlib-heldout, over the installed third-party packages' sources (one prompt per file at most)."""
+    import importlib.util
+
+    per_package = []
+    for name in THIRDPARTY_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue
+        root = Path(spec.origin).parent
+        per_package.append([file_candidates(f, f"{name}/{f.relative_to(root).as_posix()}")
+                            for f in sorted(root.rglob("*.py")) if "test" not in f.relative_to(root).as_posix()])
+    chosen = []
+    for kind, count in STDLIB_KINDS.items():  # packages in turn, so no large package dominates
+        options = [spread(first_per_file(files, kind), 2) for files in per_package]
+        mixed = [p for p in chain.from_iterable(zip_longest(*options)) if p is not None]
+        chosen.append(mixed[:count])
+    return [p for p in chain.from_iterable(zip_longest(*chosen)) if p is not None]
+
+
+def build_prose() -> list[Prompt]:
+    """English prose: the first plain paragraph of each installed package's description (no code, lists,
+    headings or markup), one per package, spread over the alphabet."""
+    import importlib.metadata
+
+    found = []
+    for dist in sorted(importlib.metadata.distributions(), key=lambda d: d.metadata["Name"].lower()):
+        text = dist.metadata.get_payload() or dist.metadata.get("Description") or ""
+        para = next((p for p in BLANK_LINES.split(text) if is_prose(p)), None)
+        if para is not None:
+            found.append(Prompt(f"prose:{dist.metadata['Name'].lower()}", " ".join(para.split()), "prose"))
+    return spread(found, PROSE_COUNT)
+
+
+def is_prose(paragraph: str) -> bool:
+    text = paragraph.strip()
+    lo, hi = PROSE_CHARS
+    if not lo <= len(text) <= hi or text[0] in "#`|-*>< [!=.:_+@0123456789" or not text.endswith("."):
+        return False
+    letters = sum(c.isalpha() or c.isspace() for c in text)
+    return letters / len(text) > 0.9 and text.count("`") == 0 and not any(w in text for w in ("http", "::", "License"))
+
+
+BUILDERS = {"stdlib-heldout": build_stdlib_heldout, "thirdparty-code": build_thirdparty_code,
+            "prose": build_prose}
+
+
 def write_jsonl(prompts: list[Prompt], path: Path) -> None:
     lines = [json.dumps({"id": p.id, "category": p.category, "prompt": p.text}, ensure_ascii=False)
              for p in prompts]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def main() -> int:
-    out = BUILTIN_DIR / f"{DEFAULT_PROMPTS}.jsonl"
-    prompts = build_stdlib_heldout()
-    write_jsonl(prompts, out)
-    print(f"wrote {len(prompts)} prompts to {out}", file=sys.stderr)
+def main(argv: list[str] | None = None) -> int:
+    for name in (argv if argv is not None else sys.argv[1:]) or list(BUILDERS):
+        out = BUILTIN_DIR / f"{name}.jsonl"
+        prompts = BUILDERS[name]()
+        write_jsonl(prompts, out)
+        print(f"wrote {len(prompts)} prompts to {out}", file=sys.stderr)
     return 0
 
 
