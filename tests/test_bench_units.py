@@ -50,7 +50,7 @@ def test_malformed_jsonl_names_the_line(tmp_path, line, message):
 
 
 def test_missing_source_lists_the_built_in_sets():
-    with pytest.raises(P.PromptError, match="no such file, nor a built-in set.*chat, stdlib-heldout"):
+    with pytest.raises(P.PromptError, match="no such file, nor a built-in set.*chat, prose, stdlib-heldout, thirdparty-code"):
         P.load_prompts("nope.jsonl")
 
 
@@ -60,6 +60,13 @@ def test_built_in_sets():
     assert 12 <= len(chat) <= 16 and {p.category for p in chat} == {"math", "writing", "reasoning"}
     assert len({p.category for p in code[:3]}) == 3   # kinds interleaved: --limit keeps a mix
     assert all(P.MIN_CHARS <= len(p.text) <= P.MAX_CHARS for p in code)
+
+
+def test_built_in_sets_off_the_training_distribution():
+    code, prose = P.load_prompts("thirdparty-code"), P.load_prompts("prose")
+    assert len(code) == 20 and {p.category for p in code} == {"function", "class", "module"}
+    assert len({p.id.split(":")[1].split("/")[0] for p in code}) >= 6   # many packages, none dominating
+    assert len(prose) == P.PROSE_COUNT and all(P.is_prose(p.text) for p in prose)
 
 
 @pytest.mark.skipif(f"{sys.version_info[0]}.{sys.version_info[1]}" != P.BUILT_WITH_PYTHON,
