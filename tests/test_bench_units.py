@@ -178,4 +178,5 @@ def test_identity_per_category_and_null_when_sampling():
 
 
 def test_prompts_of_the_package_are_shipped():
-    assert {p.name for p in Path(P.BUILTIN_DIR).glob("*.jsonl")} == {"chat.jsonl", "stdlib-heldout.jsonl"}
+    assert {p.name for p in Path(P.BUILTIN_DIR).glob("*.jsonl")} == {"chat.jsonl", "stdlib-heldout.jsonl",
+                                                                      "thirdparty-code.jsonl", "prose.jsonl"}
