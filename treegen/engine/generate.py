@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..drafters.base import Drafter, DraftState
+from .budget import AutoBudget, VerifyCost
 from .cache import check_compactable, compact, new_cache
 from .sampling import Sampler
 from .tree import DraftTree, verification_inputs
@@ -32,6 +33,7 @@ class GenerationConfig:
     seed: int | None = None
     eos_token_ids: frozenset[int] = frozenset()
     context_length: int | None = None  # positions the target can attend over; None = unbounded
+    verify_cost: VerifyCost | None = None  # set: `budget: auto`, each tree trimmed to its best size here
 
     def __post_init__(self):
         if self.max_new_tokens < 0:
@@ -66,6 +68,7 @@ class _Loop:
         self.cache = new_cache(model)
         self.tokens = prompt.clone()   # committed ids; the last is the anchor, whose KV is not cached yet
         self.prompt_len = prompt.numel()
+        self.auto = AutoBudget(config.verify_cost) if config.verify_cost is not None else None
         self.generator = None
         if config.seed is not None:
             self.generator = torch.Generator(self.device).manual_seed(config.seed)
@@ -102,8 +105,13 @@ class _Loop:
         return self.tokens.numel() - self.prompt_len
 
     def draft(self) -> DraftTree:
+        t0 = time.perf_counter()
         tree = self.drafter.propose(DraftState(self.tokens, self.room()))
-        return tree.dedup().truncate_depth(self.room()) if len(tree) else tree
+        tree = tree.dedup().truncate_depth(self.room()) if len(tree) else tree
+        if self.auto is not None:
+            _sync(self.device)
+            tree = self.auto.trim(tree, time.perf_counter() - t0)
+        return tree
 
     def verify(self, tree: DraftTree) -> tuple[Verdict, torch.Tensor | None]:
         ids, pos, mask = verification_inputs(int(self.tokens[-1]), tree, self.past_len, self.model.dtype)
@@ -160,6 +168,8 @@ def _rounds(loop: _Loop) -> Iterator[Round]:
         t1 = time.perf_counter()
         verdict, feats = loop.verify(tree)
         t2 = time.perf_counter()
+        if loop.auto is not None:
+            loop.auto.observe(tree, verdict.path)
         loop.commit(verdict, feats)
         tokens, finish = loop.append(verdict.tokens)
         _sync(loop.device)

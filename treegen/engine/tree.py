@@ -62,14 +62,23 @@ class DraftTree:
         """Keep the nodes no deeper than max_depth (a prefix-closed subset, so parents stay valid)."""
         if len(self) == 0 or int(self.depth.max()) <= max_depth:
             return self
-        keep = (self.depth <= max_depth).nonzero().flatten()
-        remap = torch.full((len(self),), -1, dtype=torch.long, device=self.tokens.device)
-        remap[keep] = torch.arange(len(keep), device=self.tokens.device)
-        parents = self.parents[keep]
-        parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
-        scores = None if self.scores is None else self.scores[keep]
-        return DraftTree(self.tokens[keep], parents, self.depth[keep], scores)
+        return self.select(self.depth <= max_depth)
 
+    def select(self, keep: torch.Tensor) -> DraftTree:
+        """The nodes where keep [n] bool is set, plus any ancestor of theirs that is not, renumbered."""
+        keep = keep.clone()
+        for _ in range(int(self.depth.max()) if len(self) else 0):  # close upwards, one level a step
+            parents = self.parents[keep & (self.parents >= 0)]
+            if bool(keep[parents].all()):
+                break
+            keep[parents] = True
+        idx = keep.nonzero().flatten()
+        remap = torch.full((len(self),), -1, dtype=torch.long, device=self.tokens.device)
+        remap[idx] = torch.arange(len(idx), device=self.tokens.device)
+        parents = self.parents[idx]
+        parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
+        scores = None if self.scores is None else self.scores[idx]
+        return DraftTree(self.tokens[idx], parents, self.depth[idx], scores)
 
 def node_depths(parents: list[int], device="cpu") -> torch.Tensor:
     depth: list[int] = []

@@ -1,0 +1,105 @@
+"""`budget: auto`: the cost table, the acceptance calibration, the size choice, and exactness when trimming."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_qwen3
+
+from treegen.drafters import build_drafter
+from treegen.engine import budget as B
+from treegen.engine.generate import GenerationConfig, generate
+from treegen.engine.tree import DraftTree
+from treegen.models.checkpoint import save_dflash
+from treegen.models.dflash import DFlashDrafter
+
+FLAT = B.VerifyCost((1, 128), (0.010, 0.010))     # a GPU: rows are free up to 128
+STEEP = B.VerifyCost((1, 2, 128), (0.010, 0.030, 2.0))  # every extra row costs more than a plain step
+
+
+def test_cost_interpolates_and_extrapolates():
+    cost = B.VerifyCost((1, 11, 21), (1.0, 2.0, 4.0))
+    assert cost(torch.tensor([1, 6, 11, 16, 31])).tolist() == pytest.approx([1.0, 1.5, 2.0, 3.0, 6.0])
+    assert cost(torch.tensor([0]))[0] == pytest.approx(1.0)   # below the table: the one-row time
+
+
+def test_select_is_prefix_closed():
+    tree = DraftTree(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([-1, 0, 1, -1, 3]),
+                     scores=torch.tensor([-0.1, -0.5, -0.9, -0.2, -0.3]))
+    sub = tree.select(torch.tensor([False, False, True, False, True]))  # two deep nodes: ancestors come too
+    assert sub.tokens.tolist() == [5, 6, 7, 8, 9] and sub.parents.tolist() == [-1, 0, 1, -1, 3]
+    sub = tree.select(torch.tensor([True, False, False, False, True]))
+    assert sub.tokens.tolist() == [5, 8, 9] and sub.parents.tolist() == [-1, -1, 1]
+    assert sub.depth.tolist() == [1, 1, 2] and sub.scores.tolist() == pytest.approx([-0.1, -0.2, -0.3])
+
+
+def test_choice_follows_the_hardware():
+    scores = torch.log(torch.linspace(0.9, 0.05, 64))  # sorted best first
+    flat, steep = B.AutoBudget(FLAT), B.AutoBudget(STEEP)
+    assert flat.choose(scores) == 64     # free rows: verify everything that may be accepted
+    assert steep.choose(scores) == 0     # each node costs two plain steps: not worth it
+    mid = B.AutoBudget(B.VerifyCost((1, 17, 65), (0.011, 0.020, 0.031)))  # this CPU, demo target
+    assert 0 < mid.choose(scores) < 64
+
+
+def test_calibration_learns_from_rounds():
+    model = B.AcceptanceModel()
+    scores = torch.tensor([-0.1, -0.1, -3.0])
+    before = model.probability(scores)
+    assert float(before[0]) == pytest.approx(float(torch.exp(torch.tensor(-0.25))), rel=1e-4)  # the prior: exp(bin centre)
+    for _ in range(50):  # a drafter that is confident and always wrong at the top, right deep down
+        model.observe(scores, torch.tensor([False, False, True]))
+    after = model.probability(scores)
+    assert after[0] < 0.1 and after[2] > 0.8
+
+
+def test_trim_keeps_the_best_nodes_in_score_order():
+    auto = B.AutoBudget(B.VerifyCost((1, 3, 4, 128), (0.01, 0.01, 1.0, 9.0)))  # up to 2 nodes are free
+    tree = DraftTree(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, 0, -1, 2]),
+                     scores=torch.tensor([-0.1, -0.2, -0.3, -0.4]))
+    out = auto.trim(tree, t_draft=0.0)
+    assert out.tokens.tolist() == [5, 6] and out.parents.tolist() == [-1, 0]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from test_dflash import tiny_drafter_config
+
+    target = tiny_qwen3(vocab=64, seed=1)
+    torch.manual_seed(2)
+    model = DFlashDrafter(tiny_drafter_config(target))
+    for p in model.parameters():
+        p.data.normal_(0, 0.3 if p.dim() == 2 else 1.0)
+    out = tmp_path_factory.mktemp("dflash-auto")
+    save_dflash(model, out)
+    return target, str(out)
+
+
+@pytest.mark.parametrize("cost", [FLAT, STEEP, B.VerifyCost((1, 9, 33), (0.01, 0.012, 0.03))])
+def test_auto_budget_is_exact(pair, cost):
+    target, drafter_dir = pair
+    gen = torch.Generator().manual_seed(7)
+    for i in range(8):
+        prompt = torch.randint(0, 63, (int(torch.randint(2, 20, (1,), generator=gen)),), generator=gen)
+        ref = target.generate(prompt[None], max_new_tokens=20, do_sample=False)[0, prompt.numel():].tolist()
+        drafter = build_drafter("ddtree", target, drafter_dir, {"budget": 32})
+        rounds = list(generate(target, drafter, prompt, GenerationConfig(20, verify_cost=cost)))
+        assert [t for r in rounds for t in r.tokens] == ref, f"prompt {i}"
+        if cost is STEEP:
+            assert all(r.drafted == 0 for r in rounds)
+
+
+def test_cost_is_measured_once_and_cached(tmp_path, monkeypatch):
+    target = tiny_qwen3(vocab=64, seed=1)
+    path = tmp_path / "cost.json"
+    monkeypatch.setattr(B, "MEASURED_ROWS", (1, 4))
+    first = B.verify_cost(target, path)
+    assert len(first.rows) == len(B.MEASURED_ROWS) and all(s > 0 for s in first.seconds)
+    assert B.cost_key(target) in json.loads(path.read_text())
+    monkeypatch.setattr(B.VerifyCost, "measure", classmethod(lambda cls, model: pytest.fail("measured twice")))
+    assert B.verify_cost(target, path) == first
+    path.write_text("{not json")  # a broken cache file is measured again, not a crash
+    monkeypatch.undo()
+    monkeypatch.setattr(B, "MEASURED_ROWS", (1, 2))
+    assert B.verify_cost(target, path).rows == (1, 2)

@@ -1,0 +1,158 @@
+"""`budget: auto`: each round, verify the tree size that maximises expected tokens per second here.
+
+    expected tokens(n) = 1 + sum of the acceptance probabilities of the n best nodes (path-score order)
+    seconds(n)         = drafting time (running mean) + the target's forward time for n + 1 rows
+The forward time per row count is measured once per model, dtype, device and thread count (VerifyCost) and
+cached on disk; a node's acceptance probability (its whole path accepted) is calibrated online from this
+generation's own rounds, with exp(path log-prob) as the prior, i.e. a perfectly calibrated drafter.
+The drafter proposes its largest tree; trimming it to a prefix-closed top-n keeps verification exact.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .tree import DraftTree
+
+MEASURED_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+SCORE_FLOOR, BIN_WIDTH = -16.0, 0.5   # path log-probs below the floor share the last bin
+PRIOR_WEIGHT = 4.0                    # the exp(score) prior counts as this many observed nodes per bin
+FORGET = 0.995                        # per round: recent rounds count more (the text changes as it goes)
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """Seconds of one target forward with `rows` query rows over a few hundred cached positions."""
+    rows: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        """Piecewise-linear in the row count; linear extrapolation past the last measurement."""
+        xs, ys = torch.tensor(self.rows, dtype=torch.float), torch.tensor(self.seconds, dtype=torch.float)
+        rows = rows.float().clamp(min=xs[0])
+        i = torch.searchsorted(xs, rows).clamp(1, len(xs) - 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (rows - x0) * (y1 - y0) / (x1 - x0)
+
+    @classmethod
+    def measure(cls, model, rows: tuple[int, ...] | None = None, context: int = 256, repeats: int = 3) -> VerifyCost:
+        from .cache import new_cache
+        from .tree import verification_inputs
+
+        rows = rows or MEASURED_ROWS
+        device, vocab = model.device, model.get_input_embeddings().weight.shape[0]
+        gen = torch.Generator().manual_seed(0)
+        cache = new_cache(model)
+        ids = torch.randint(vocab, (1, context), generator=gen).to(device)
+        with torch.inference_mode():
+            model(input_ids=ids, cache=cache, use_cache=True)
+            seconds = []
+            for n in rows:
+                tree = DraftTree.chain(torch.randint(vocab, (n - 1,), generator=gen).to(device))
+                inputs = verification_inputs(int(ids[0, -1]), tree, context, model.dtype)
+                times = []
+                for _ in range(repeats + 1):  # the first is a warm-up for this shape
+                    t0 = time.perf_counter()
+                    model(input_ids=inputs[0], position_ids=inputs[1], attention_mask=inputs[2], cache=cache,
+                          use_cache=True)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    times.append(time.perf_counter() - t0)
+                    cache.crop(-n)
+                seconds.append(sorted(times[1:])[len(times[1:]) // 2])
+        return cls(tuple(rows), tuple(seconds))
+
+
+def cache_file() -> Path:
+    root = os.environ.get("TREEGEN_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "treegen"
+    return Path(root).expanduser() / "verify-cost.json"
+
+
+def cost_key(model) -> str:
+    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+    return f"{name}|{model.dtype}|{model.device}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+
+
+def verify_cost(model, path: Path | None = None) -> VerifyCost:
+    """The cached measurement for this model and setting, measured (a second or so) and saved if missing."""
+    path, key = path or cache_file(), cost_key(model)
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    entry = table.get(key) if isinstance(table, dict) else None
+    if isinstance(entry, dict) and len(entry.get("rows", ())) == len(entry.get("seconds", ())) >= 2:
+        return VerifyCost(tuple(entry["rows"]), tuple(entry["seconds"]))
+    cost = VerifyCost.measure(model)
+    table = table if isinstance(table, dict) else {}
+    table[key] = {"rows": list(cost.rows), "seconds": list(cost.seconds)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table, indent=1))
+        tmp.replace(path)  # atomic: two processes measuring at once never leave a half file
+    except OSError:
+        pass  # a read-only cache only costs a re-measurement next time
+    return cost
+
+
+class AcceptanceModel:
+    """P(a node's path is accepted) by path log-prob bin, counts decayed per round, exp(score) prior."""
+
+    def __init__(self):
+        bins = int(-SCORE_FLOOR / BIN_WIDTH) + 1
+        centers = -(torch.arange(bins, dtype=torch.float) + 0.5) * BIN_WIDTH
+        self.prior = centers.exp()
+        self.drafted = torch.zeros(bins)
+        self.accepted = torch.zeros(bins)
+
+    def bins(self, scores: torch.Tensor) -> torch.Tensor:
+        return (-scores.float().cpu() / BIN_WIDTH).clamp(0, len(self.prior) - 1).long()
+
+    def probability(self, scores: torch.Tensor) -> torch.Tensor:
+        b = self.bins(scores)
+        return (self.accepted[b] + PRIOR_WEIGHT * self.prior[b]) / (self.drafted[b] + PRIOR_WEIGHT)
+
+    def observe(self, scores: torch.Tensor, accepted: torch.Tensor) -> None:
+        self.drafted.mul_(FORGET)
+        self.accepted.mul_(FORGET)
+        b = self.bins(scores)
+        self.drafted.index_add_(0, b, torch.ones(len(b)))
+        self.accepted.index_add_(0, b, accepted.float().cpu())
+
+
+class AutoBudget:
+    """Per generation: trims each proposed tree to the size with the best expected tokens per second."""
+
+    def __init__(self, cost: VerifyCost):
+        self.cost, self.model = cost, AcceptanceModel()
+        self.t_draft: float | None = None
+
+    def choose(self, scores: torch.Tensor) -> int:
+        """How many of the nodes (scores sorted best first) to verify."""
+        expected = torch.cat([torch.ones(1), 1 + self.model.probability(scores).cumsum(0)])
+        seconds = (self.t_draft or 0.0) + self.cost(torch.arange(len(scores) + 1) + 1)
+        return int((expected / seconds).argmax())
+
+    def trim(self, tree: DraftTree, t_draft: float) -> DraftTree:
+        self.t_draft = t_draft if self.t_draft is None else 0.8 * self.t_draft + 0.2 * t_draft
+        if tree.scores is None or len(tree) == 0:
+            return tree  # a method without path scores keeps its own size
+        # stable: on equal scores the lower index (a parent before its child) comes first
+        scores, order = torch.sort(tree.scores.float().cpu(), descending=True, stable=True)
+        keep = torch.zeros(len(tree), dtype=torch.bool)
+        keep[order[:self.choose(scores)]] = True
+        return tree.select(keep.to(tree.tokens.device))
+
+    def observe(self, tree: DraftTree, path: list[int]) -> None:
+        if tree.scores is None or len(tree) == 0:
+            return
+        accepted = torch.zeros(len(tree), dtype=torch.bool)
+        accepted[path] = True
+        self.model.observe(tree.scores, accepted)
+
