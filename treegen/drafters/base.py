@@ -1,31 +1,4 @@
-"""The seam between the engine and every method: propose a tree, then learn what was committed."""
-from __future__ import annotations
+"""The Drafter protocol lives in the engine (treegen.engine.drafter); drafters import it from here too."""
+from ..engine.drafter import Drafter, DraftState
 
-from dataclasses import dataclass
-from typing import Protocol
-
-import torch
-
-from ..engine.tree import DraftTree
-
-
-@dataclass(frozen=True)
-class DraftState:
-    tokens: torch.Tensor   # [L] every committed token (prompt + generated); the last one is the anchor
-    max_depth: int         # deepest node the engine can still verify (context and max_new_tokens)
-
-
-class Drafter(Protocol):
-    name: str
-    # target decoder layers whose outputs the drafter wants as context features (empty: none)
-    target_layer_ids: tuple[int, ...]
-
-    def begin(self, prompt: torch.Tensor, features: torch.Tensor | None) -> None:
-        """After prefill: the prompt ids [P] and their target features [P, k*H] (None if none asked)."""
-
-    def propose(self, state: DraftState) -> DraftTree:
-        """A draft tree under the anchor; the engine deduplicates siblings and truncates to max_depth."""
-
-    def commit(self, tokens: list[int], features: torch.Tensor | None) -> None:
-        """The round's committed tokens (accepted drafts + bonus) and the target features of the rows
-        that were accepted (the anchor and the accepted drafts; the bonus has none yet)."""
+__all__ = ["DraftState", "Drafter"]

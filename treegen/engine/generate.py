@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..drafters.base import Drafter, DraftState
+from .drafter import Drafter, DraftState
 from .budget import AutoBudget, VerifyCost
 from .cache import check_compactable, compact, new_cache
 from .sampling import Sampler
