@@ -63,6 +63,11 @@ def resolve_checkpoint(name: str) -> Path:
         return path
     if name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise CheckpointError(f"{name}: no such drafter folder")
+    from ..validate import hub_problem
+
+    problem = hub_problem(name)
+    if problem:
+        raise CheckpointError(f"drafter {problem}")
     try:
         from huggingface_hub import snapshot_download
         return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors"]))
@@ -91,7 +96,11 @@ def read_state_dict(folder: Path, prefix: str = "") -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{folder}: no .safetensors weights")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(f))
+        try:
+            state.update(load_file(f))
+        except Exception as err:  # safetensors raises its own error type (and OSError) for a damaged file
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise CheckpointError(f"{f}: corrupt or truncated safetensors file ({first[:120]})") from err
     if prefix:
         state = {k.removeprefix(prefix): v for k, v in state.items()}
     return state
