@@ -332,3 +332,63 @@ def check_output_path(path: str | None, flag: str) -> None:
         raise click.UsageError(f"{flag} {shown_path(path)}: the folder {shown_path(parent)} does not exist")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise click.UsageError(f"{flag} {shown_path(path)}: not writable")
+
+
+# ---- training commands --------------------------------------------------------------------------------------
+
+def check_training_inputs(source: str | None, data: list[str], out: Path, resume: bool,
+                          needs_config: bool = True) -> None:
+    """What a training run names, checked before anything loads: a usage error (exit 2) otherwise."""
+    from .train.data import DataError, read_data
+
+    try:
+        if source is not None:
+            check_source(source, "target", needs_config=needs_config)
+        texts = read_data(data)
+    except (OptionError, DataError, OSError) as err:
+        raise click.UsageError(clip(str(err))) from None
+    if not any(t.strip() for t in texts):
+        raise click.UsageError(f"--data {clip(', '.join(data))}: the training text is empty")
+    if out.exists() and not out.is_dir():
+        raise click.UsageError(f"--out {shown_path(out)}: is a file, not a folder")
+    if resume and not out.is_dir():
+        raise click.UsageError(f"--resume: {shown_path(out)} does not exist, so there is nothing to resume")
+
+
+@contextmanager
+def new_folder(out: Path):
+    """A run that fails leaves no empty output folder behind (a folder that existed before is kept)."""
+    existed = out.exists()
+    try:
+        yield
+    except BaseException:
+        if not existed and out.is_dir():
+            for folder in sorted([out, *out.rglob("*")], key=lambda p: len(p.parts), reverse=True):
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+        raise
+
+
+@contextmanager
+def stop_signals():
+    """Ctrl-C or SIGTERM asks a training run to stop after the current step, with a checkpoint; a second
+    Ctrl-C stops at once."""
+    import signal
+
+    from .train.common import STOP
+
+    def ask(signum, frame):
+        if STOP.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        STOP.set()
+        print(f"treegen: {signal.Signals(signum).name}: stopping after this step (Ctrl-C again: now)",
+              file=sys.stderr, flush=True)
+
+    STOP.clear()
+    saved = {sig: signal.signal(sig, ask) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        STOP.clear()

@@ -128,10 +128,13 @@ def save_dflash(model: DFlashDrafter, out_dir: Path, dtype: torch.dtype | None =
 
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: (v.to(dtype) if dtype else v).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, out_dir / "model.safetensors", metadata={"format": "pt"})
+    tmp = out_dir / ".model.safetensors.tmp"   # temp file + rename: a kill mid-write leaves no half file
+    save_file(state, tmp, metadata={"format": "pt"})
+    tmp.replace(out_dir / "model.safetensors")
     cfg = config_to_json(model.config)
     cfg["dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out_dir / ".config.json.tmp").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out_dir / ".config.json.tmp").replace(out_dir / "config.json")
 
 
 def check_fits(config: DFlashConfig, target) -> None:
