@@ -244,7 +244,7 @@ def show_stream(view, chunks) -> tuple[Transcript, str | None]:
 def report(cfg, gen, prompt_ids, out: Transcript, stats_json, quiet: bool) -> None:
     from .ui import summary
 
-    if out.stats is not None and out.stats.finish == "eos" and not out.text:
+    if out.stats is not None and out.stats.finish == "eos" and len(out.token_ids) == 1:
         notice("finished at once: the model produced its end-of-sequence token", quiet)
     if not quiet and out.stats is not None:
         click.echo(summary(out.stats, method=gen.method, prompt_tokens=len(prompt_ids)), err=True)
