@@ -23,7 +23,7 @@ from .validate import shown_path
 
 
 def error_line(message: str) -> None:
-    click.echo(f"treegen: error: {message}", err=True)
+    click.echo(f"treegen: error: {clip(message)}", err=True)   # one line, however the message was written
 
 
 class TreegenGroup(click.Group):

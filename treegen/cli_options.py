@@ -36,6 +36,8 @@ MAX_LINE = 300   # an error line is a line: whatever the value that caused it, i
 
 
 def clip(text: str) -> str:
+    """One line, at most MAX_LINE characters, whatever the message."""
+    text = " ".join(line.strip() for line in str(text).splitlines() if line.strip())
     return text if len(text) <= MAX_LINE else text[:MAX_LINE - 3] + "..."
 
 
