@@ -238,3 +238,25 @@ def test_chat_counts_after_clear(tiny_model_dir):
     result = chat(tiny_model_dir, "hello\n/clear\n/stats\nagain\n/stats\n")
     assert "conversation: 0 messages (0 replies)" in result.stderr
     assert "conversation: 2 messages (1 reply)" in result.stderr
+
+
+# ---- one definition ------------------------------------------------------------------------------------------
+
+def test_the_api_checks_with_the_same_definition():
+    from treegen.api import Generator
+    from treegen.validate import OptionError
+
+    bare = object.__new__(Generator)   # config() checks before it looks at the model
+    for bad in ({"top_p": 5}, {"max_new_tokens": -3}, {"temperature": float("inf")}, {"seed": 2**64}):
+        with pytest.raises(OptionError, match=next(iter(bad))):
+            bare.config(**bad)
+
+
+def test_the_defaults_are_the_engines():
+    from treegen.engine import generate, sampling
+    from treegen.validate import SAMPLING
+
+    assert SAMPLING["max_new_tokens"].default == generate.DEFAULT_MAX_NEW_TOKENS
+    assert (SAMPLING["temperature"].default, SAMPLING["top_k"].default, SAMPLING["top_p"].default,
+            SAMPLING["min_p"].default) == (sampling.DEFAULT_TEMPERATURE, sampling.DEFAULT_TOP_K,
+                                           sampling.DEFAULT_TOP_P, sampling.DEFAULT_MIN_P)
