@@ -81,7 +81,7 @@ def test_turns_history_and_stats():
     repl, out, err = run_repl("hello\nmore\n/stats\n", system="Be brief.")
     assert out == "one two three\n" * 2
     assert err.count(FALLBACK_NOTICE) == 1
-    assert "conversation: 4 messages, 2 replies" in err and "mean acceptance length" in err
+    assert "conversation: 4 messages (2 replies)" in err and "mean acceptance length" in err
     assert repl.conversation.turns[-1] == {"role": "assistant", "content": "one two three"}
     _, stop, sampling = repl.gen.prompts[-1]
     assert stop == ("\nUser:",) and sampling["max_new_tokens"] == 16
@@ -99,9 +99,9 @@ def test_ctrl_c_keeps_the_partial_reply_and_the_conversation():
 def test_commands():
     repl, _, err = run_repl("/help\n/set n 5\n/set temp x\n/set nope 1\n/bogus\n//slash\n/clear\n/stats\n"
                               "/exit\nnever sent\n")
-    assert "/clear" in err and "(max_new_tokens = 5)" in err and "expected float" in err
+    assert "/clear" in err and "(max_new_tokens = 5)" in err and "temperature must be a number" in err
     assert "usage: /set" in err and "unknown command /bogus" in err and "(conversation cleared)" in err
-    assert "conversation: 0 messages, 1 replies" in err
+    assert "conversation: 0 messages (0 replies)" in err
     assert repl.gen.prompts[0][2]["max_new_tokens"] == 5
     assert repl.gen.texts[-1].endswith("User: /slash\n\nAssistant:") and len(repl.gen.prompts) == 1
 

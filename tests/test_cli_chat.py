@@ -33,7 +33,7 @@ def test_chat_session_in_a_terminal(long_context_target):
             child.sendline(message)
         child.expect_exact(">>> ")
         child.sendline("/stats")
-        child.expect_exact("conversation: 4 messages, 2 replies")
+        child.expect_exact("conversation: 4 messages (2 replies)")
         child.expect_exact("mean acceptance length")
         child.expect_exact(">>> ")
         child.sendline("/set n 5000")
@@ -45,7 +45,7 @@ def test_chat_session_in_a_terminal(long_context_target):
         child.expect_exact("(reply stopped; what came so far stays in the history)")
         child.expect_exact(">>> ")
         child.sendline("/stats")
-        child.expect_exact("conversation: 6 messages, 3 replies")   # the stopped reply was kept
+        child.expect_exact("conversation: 6 messages (3 replies)")   # the stopped reply was kept
         child.expect_exact(">>> ")
         child.sendline("/exit")
         child.expect(pexpect.EOF)

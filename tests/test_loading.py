@@ -97,7 +97,7 @@ def test_hub_id_offline(monkeypatch):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once, at import
-    message = one_line_load_error("no-such-org/no-such-model-xyz", "cannot load no-such-org/no-such-model-xyz")
+    message = one_line_load_error("no-such-org/no-such-model-xyz", "no-such-org/no-such-model-xyz is not in the local hub cache")
     assert "hub" in message
 
 
@@ -129,3 +129,18 @@ def test_bitsandbytes_on_cpu(tiny_model_dir, bits):
         ids = tok("import os\n", add_special_tokens=False)["input_ids"]
         out = run(model, ids, 10)
     assert len(out) == 10 and all(0 <= t < model.config.vocab_size for t in out)
+
+
+def test_hub_id_unreachable_fails_at_once(monkeypatch):
+    """No network: one line at once, not the hub client's minutes of retries."""
+    import socket
+
+    import huggingface_hub.constants
+
+    def refuse(*a, **k):
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    message = one_line_load_error("no-such-org/no-such-model-xyz", "cannot be reached")
+    assert "Network is unreachable" in message

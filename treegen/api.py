@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 import torch
 
 from .drafters import build_drafter
-from .engine.generate import DEFAULT_MAX_NEW_TOKENS, GenerationConfig, Round, generate
-from .engine.sampling import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Sampler
+from .engine.generate import GenerationConfig, Round, generate
+from .engine.sampling import Sampler
 from .engine.stats import Stats
 from .loading import DEFAULT_ATTN, DEFAULT_DEVICE, DEFAULT_DTYPE, context_length, eos_ids, load_target
+from .validate import SAMPLING, check_sampling, effective_seed
 
 
 @dataclass(frozen=True)
@@ -106,14 +107,23 @@ class Generator:
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("the prompt is not valid UTF-8 text (it holds undecodable bytes)") from None
             return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         return list(prompt)
 
-    def config(self, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = DEFAULT_TEMPERATURE,
-               top_k: int = DEFAULT_TOP_K, top_p: float = DEFAULT_TOP_P, min_p: float = DEFAULT_MIN_P,
-               seed: int | None = None) -> GenerationConfig:
-        return GenerationConfig(max_new_tokens, Sampler(temperature, top_k, top_p, min_p), seed,
-                                eos_ids(self.model, self.tokenizer), context_length(self.model))
+    def config(self, *, max_new_tokens: int = SAMPLING["max_new_tokens"].default,
+               temperature: float = SAMPLING["temperature"].default, top_k: int = SAMPLING["top_k"].default,
+               top_p: float = SAMPLING["top_p"].default, min_p: float = SAMPLING["min_p"].default,
+               seed: int | None = SAMPLING["seed"].default) -> GenerationConfig:
+        """Checked by the same definitions as the CLI's flags (treegen.validate); seed -1 or None: random."""
+        s = check_sampling({"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k,
+                            "top_p": top_p, "min_p": min_p, "seed": seed})
+        return GenerationConfig(s["max_new_tokens"], Sampler(s["temperature"], s["top_k"], s["top_p"], s["min_p"]),
+                                effective_seed(s["seed"]), eos_ids(self.model, self.tokenizer),
+                                context_length(self.model))
 
     def stream(self, prompt: str | list[int], *, stop: tuple[str, ...] = (), **sampling) -> Iterator[Chunk]:
         """Yield a Chunk per round; stops at EOS, max_new_tokens, the context limit or a stop string."""

@@ -10,7 +10,7 @@ import sys
 from contextlib import closing
 from dataclasses import dataclass, field, fields, replace
 
-from .ui import is_terminal, make_view, summary
+from .ui import is_terminal, make_view, quiet_keys, summary
 
 PROMPT, MORE = ">>> ", "... "
 FALLBACK_NOTICE = "treegen: the tokenizer has no chat template; using a plain 'User: / Assistant:' template"
@@ -75,18 +75,26 @@ def fit(conversation: Conversation, render, encode, budget: int | None) -> list[
     return ids
 
 
-SET_KEYS = {"temperature": float, "temp": float, "top_k": int, "top_p": float, "min_p": float,
-            "max_new_tokens": int, "n": int, "seed": int}
-ALIASES = {"temp": "temperature", "n": "max_new_tokens"}
+def plural(n: int, word: str, words: str) -> str:
+    return f"{n} {word if n == 1 else words}"
+
+
+def valid_utf8(text: str) -> bool:
+    """False for text holding undecodable bytes (surrogate escapes from a terminal or a pipe)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class ChatREPL:
     """Reads lines, runs commands, streams replies; the generator and the sampling values come in."""
 
     def __init__(self, generator, sampling: dict, *, system: str | None = None, live: bool = True,
-                 quiet: bool = False, stdin=None, stdout=None, stderr=None):
+                 quiet: bool = False, stdin=None, stdout=None, stderr=None, color: bool | None = None):
         self.gen, self.sampling = generator, dict(sampling)
-        self.live, self.quiet = live, quiet
+        self.live, self.quiet, self.color = live, quiet, color
         self.stdin, self.stdout, self.stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
         self.format = ChatFormat(generator.tokenizer)
         self.conversation = Conversation(system)
@@ -99,6 +107,8 @@ class ChatREPL:
     def run(self) -> None:
         if self.stdin is sys.stdin and is_terminal(sys.stdin):
             import readline  # noqa: F401  (line editing and an input history for input())
+        if hasattr(self.stdin, "reconfigure"):  # undecodable bytes arrive as text we can refuse, not a crash
+            self.stdin.reconfigure(errors="surrogateescape")
         if not self.format.native and not self.quiet:
             self.say(FALLBACK_NOTICE)
         if not self.quiet:
@@ -138,10 +148,20 @@ class ChatREPL:
         return line.rstrip("\n") if line else None
 
     def handle(self, line: str) -> bool:
-        """A command or a message; False means leave."""
-        if line.startswith("/") and not line.startswith("//"):
-            return self.command(line)
-        self.reply(line[1:] if line.startswith("//") else line)
+        """A command or a message; False means leave. No error in one line ends the session."""
+        if not valid_utf8(line):
+            self.say("treegen: error: the message is not valid UTF-8; not sent (the conversation is unchanged)")
+            return True
+        try:
+            if line.startswith("/") and not line.startswith("//"):
+                return self.command(line)
+            self.reply(line[1:] if line.startswith("//") else line)
+        except BrokenPipeError:
+            raise
+        except Exception as err:  # noqa: BLE001 (a bug or a bad value must not take the conversation)
+            from .cli_options import one_line
+
+            self.say(f"treegen: error: {one_line(err)}")
         return True
 
     def command(self, line: str) -> bool:
@@ -163,23 +183,30 @@ class ChatREPL:
         self.say("(conversation cleared)")
 
     def set(self, arg: str) -> None:
+        """/set KEY VALUE, checked by the same definition as the flags (treegen.validate)."""
+        from .validate import ALIASES, SAMPLING, OptionError
+
         key, _, value = arg.partition(" ")
-        if key not in SET_KEYS or not value:
-            self.say(f"usage: /set KEY VALUE with KEY one of {', '.join(SET_KEYS)}")
+        name = ALIASES.get(key, key)
+        if name not in SAMPLING or not value.strip():
+            keys = ", ".join(list(SAMPLING) + list(ALIASES))
+            self.say(f"/set: usage: /set KEY VALUE with KEY one of {keys}")
             return
         try:
-            self.sampling[ALIASES.get(key, key)] = SET_KEYS[key](value)
-        except ValueError:
-            self.say(f"/set {key}: expected {SET_KEYS[key].__name__}, got {value!r}")
+            self.sampling[name] = SAMPLING[name].parse(value, name)
+        except OptionError as err:
+            self.say(f"/set: {err}; {name} stays {self.sampling.get(name)}")
             return
-        self.say(f"({ALIASES.get(key, key)} = {self.sampling[ALIASES.get(key, key)]})")
+        self.say(f"({name} = {self.sampling[name]})")
 
     def stats(self, _: str) -> None:
-        self.say(f"conversation: {len(self.conversation.turns)} messages, {self.replies} replies")
+        replies = sum(turn["role"] == "assistant" for turn in self.conversation.turns)
+        self.say(f"conversation: {plural(len(self.conversation.turns), 'message', 'messages')} ({plural(replies, 'reply', 'replies')})")
         if self.last is None:
             return
         self.say("last reply:\n" + summary(self.last, method=self.gen.method, prompt_tokens=self.last_prompt))
-        self.say("session:\n" + summary(self.session, method=self.gen.method, prompt_tokens=self.prompt_total))
+        self.say(f"session ({plural(self.replies, 'reply', 'replies')}):\n"
+                 + summary(self.session, method=self.gen.method, prompt_tokens=self.prompt_total))
 
     # ---- a reply ----------------------------------------------------------------------------------------
 
@@ -204,10 +231,11 @@ class ChatREPL:
         try:
             ids = self.prompt_ids()
             parts, stopped = self.stream(ids)
-        except ValueError as err:  # the engine's own checks: prompt too long, bad sampling values
+        except BrokenPipeError:
+            raise
+        except Exception:  # the engine's own checks (prompt too long, ...): the message is not kept
             self.conversation.turns.pop()
-            self.say(f"treegen: error: {err}")
-            return
+            raise
         self.conversation.add("assistant", "".join(parts).strip())
         if stopped:
             self.say("(reply stopped; what came so far stays in the history)")
@@ -215,9 +243,10 @@ class ChatREPL:
     def stream(self, ids: list[int]) -> tuple[list[str], bool]:
         """Stream one reply; (its text parts, whether Ctrl-C stopped it)."""
         chunks = self.gen.stream(ids, stop=self.format.stop, **self.sampling)
-        view, parts, stats, stopped = make_view(self.stdout, live=self.live, end="\n"), [], None, False
+        view = make_view(self.stdout, live=self.live, end="\n", color=self.color)
+        parts, stats, stopped = [], None, False
         try:
-            with closing(chunks):
+            with quiet_keys(self.stdin if self.live else None), closing(chunks):
                 for chunk in chunks:
                     parts.append(chunk.text)
                     view.update(chunk)

@@ -17,12 +17,13 @@ import click
 from . import __version__
 from . import presets as presets_mod
 from .bench.cli import bench
-from .cli_options import Failure, Interrupted, common_options, guarded, setup
+from .cli_options import Interrupted, check_output_path, clip, common_options, guarded, notice, setup
 from .train.cli import train
+from .validate import shown_path
 
 
 def error_line(message: str) -> None:
-    click.echo(f"treegen: error: {message}", err=True)
+    click.echo(f"treegen: error: {clip(message)}", err=True)   # one line, however the message was written
 
 
 class TreegenGroup(click.Group):
@@ -31,15 +32,18 @@ class TreegenGroup(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         try:
             code = super().main(args, "treegen", complete_var, standalone_mode=False, **extra)  # any launcher
+        except click.exceptions.NoArgsIsHelpError as err:  # bare `treegen`: the help, as git and llm do
+            click.echo(err.ctx.get_help())
+            code = 0
         except click.UsageError as err:
             hint = f" (see '{err.ctx.command_path} --help')" if err.ctx else ""
-            error_line(f"{err.format_message()}{hint}")
+            error_line(clip(f"{err.format_message()}{hint}"))
             code = err.exit_code
         except Interrupted:
             click.echo("treegen: interrupted", err=True)
             code = 130
         except click.ClickException as err:
-            error_line(err.format_message())
+            error_line(clip(err.format_message()))
             code = err.exit_code
         except click.Abort:
             click.echo("treegen: interrupted", err=True)
@@ -79,16 +83,39 @@ def stdin_is_terminal() -> bool:
     return is_terminal(sys.stdin)
 
 
-def read_prompt(file: str | None) -> str:
+def read_prompt(file: str | None, inline: str | None = None) -> str:
+    """The prompt as text: -p TEXT, a file, or stdin; any problem is a usage error, found before loading."""
+    ctx = click.get_current_context(silent=True)
+    if inline is not None and file is not None:
+        raise click.UsageError("give the prompt as FILE or as -p TEXT, not both", ctx)
+    if inline is not None:
+        return checked_prompt(inline.encode("utf-8", "surrogateescape"), "-p")
     if file is None and stdin_is_terminal():
-        raise click.UsageError("give a prompt FILE, or - to read the prompt from stdin",
-                               ctx=click.get_current_context(silent=True))
+        raise click.UsageError("give a prompt: -p TEXT, a FILE, or - to read it from stdin", ctx)
+    where = "stdin" if file in (None, "-") else file
     try:
-        text = sys.stdin.read() if file in (None, "-") else Path(file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise Failure(f"cannot read the prompt from {file}: {getattr(err, 'strerror', None) or err}") from err
+        data = read_stdin_bytes() if file in (None, "-") else Path(file).expanduser().read_bytes()
+    except IsADirectoryError:
+        raise click.UsageError(f"{shown_path(file)} is a folder, not a prompt file", ctx) from None
+    except OSError as err:
+        hint = "" if Path(file).suffix or "/" in file else " (to give the text itself: -p TEXT)"
+        raise click.UsageError(f"cannot read the prompt from {shown_path(file)}: {err.strerror or err}{hint}",
+                               ctx) from None
+    return checked_prompt(data, where)
+
+
+def read_stdin_bytes() -> bytes:
+    buffer = getattr(sys.stdin, "buffer", None)
+    return buffer.read() if buffer is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+
+
+def checked_prompt(data: bytes, where: str) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise click.UsageError(f"the prompt ({shown_path(where)}) is not valid UTF-8 (byte {err.start})") from None
     if not text:
-        raise Failure(f"the prompt is empty ({'stdin' if file in (None, '-') else file})")
+        raise click.UsageError(f"the prompt is empty ({shown_path(where)})")
     return text
 
 
@@ -119,7 +146,8 @@ def stats_record(cfg, gen, prompt_ids: list[int], out: Transcript) -> dict:
         "treegen_version": __version__, "method": gen.method,
         "method_options": check_options(get_method(gen.method), dict(gen.method_options)),
         "preset": cfg.name, "preset_path": str(cfg.path) if cfg.path else None,
-        "target": check_source(gen.target), "drafter": absolute(gen.drafter),
+        "target": check_source(gen.target),
+        "drafter": absolute(gen.drafter) if get_method(gen.method).needs_drafter else None,
         "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids,
         "token_ids": out.token_ids, "text": out.text, **stats.to_dict(), **cfg.sampling.resolved(),
     }
@@ -139,12 +167,20 @@ def write_json(dest: str, record: dict) -> None:
         except BrokenPipeError:
             silence_stdout()
     else:
-        Path(dest).write_text(text + "\n", encoding="utf-8")
+        write_atomically(Path(dest).expanduser(), text + "\n")
 
 
-def check_json_dest(dest: str | None) -> None:
-    if dest not in (None, "-") and not Path(dest).resolve().parent.is_dir():
-        raise Failure(f"--stats-json {dest}: the folder {Path(dest).resolve().parent} does not exist")
+def write_atomically(path: Path, text: str) -> None:
+    """A temp file then a rename: a kill mid-write never leaves half a file (a FIFO or device is written as is)."""
+    if path.exists() and not path.is_file():
+        path.write_text(text, encoding="utf-8")
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def silence_stdout() -> None:
@@ -157,29 +193,32 @@ def silence_stdout() -> None:
 
 @cli.command()
 @click.argument("file", required=False)
+@click.option("-p", "--prompt", "inline", metavar="TEXT", help="The prompt itself, instead of FILE or stdin.")
 @common_options
 @click.option("--stats-json", "stats_json", metavar="PATH|-",
               help="Write the run's statistics as one JSON object to PATH; with -, the JSON goes to stdout "
                    "instead of the text (the text is in its 'text' field).")
 @guarded
-def complete(file, stats_json, **kw):
-    """Continue the prompt in FILE (or - / a pipe for stdin).
+def complete(file, inline, stats_json, **kw):
+    """Continue the prompt: -p TEXT, FILE, or - / a pipe for stdin.
 
     The generated text goes to stdout exactly, flushed as each round commits; the summary goes to
     stderr. On a terminal (unless --no-live) each round's tokens are tinted, a status line shows the
     round's acceptance, and a final newline is added. Ctrl-C stops with status 130, the text so far
-    written and the --stats-json record too (finish: interrupted).
+    written, the summary and the --stats-json record too (finish: interrupted).
     """
-    from .ui import NullView, make_view
+    from .ui import NullView, make_view, quiet_keys
 
-    check_json_dest(stats_json)
-    prompt = read_prompt(file)
+    check_output_path(stats_json, "--stats-json")
+    prompt = read_prompt(file, inline)
     cfg, gen = setup(kw)
     prompt_ids = gen.encode(prompt)
-    view = NullView() if stats_json == "-" else make_view(sys.stdout, live=not kw["no_live"])
-    out, stop = show_stream(view, gen.stream(prompt_ids, **cfg.sampling.given()))
+    live = not kw["no_live"]
+    view = NullView() if stats_json == "-" else make_view(sys.stdout, live=live, color=kw["color"])
+    with quiet_keys(sys.stdin if live else None):
+        out, stop = show_stream(view, gen.stream(prompt_ids, **cfg.sampling.given()))
     if stop == "interrupted":
-        interrupted(cfg, gen, prompt_ids, out, stats_json)
+        interrupted(cfg, gen, prompt_ids, out, stats_json, kw["quiet"])
     if stop is None:
         report(cfg, gen, prompt_ids, out, stats_json, kw["quiet"])
 
@@ -205,16 +244,22 @@ def show_stream(view, chunks) -> tuple[Transcript, str | None]:
 def report(cfg, gen, prompt_ids, out: Transcript, stats_json, quiet: bool) -> None:
     from .ui import summary
 
+    if out.stats is not None and out.stats.finish == "eos" and len(out.token_ids) == 1:
+        notice("finished at once: the model produced its end-of-sequence token", quiet)
     if not quiet and out.stats is not None:
         click.echo(summary(out.stats, method=gen.method, prompt_tokens=len(prompt_ids)), err=True)
     if stats_json:
         write_json(stats_json, stats_record(cfg, gen, prompt_ids, out))
 
 
-def interrupted(cfg, gen, prompt_ids, out: Transcript, stats_json) -> None:
-    """Ctrl-C: the text so far is out already; the JSON record still gets written; then one line, exit 130."""
+def interrupted(cfg, gen, prompt_ids, out: Transcript, stats_json, quiet: bool) -> None:
+    """Ctrl-C: the text so far is out already; the summary and JSON record still come; then exit 130."""
+    from .ui import summary
+
     if out.stats is not None:
         out.stats.finish = "interrupted"
+        if not quiet:
+            click.echo(summary(out.stats, method=gen.method, prompt_tokens=len(prompt_ids)), err=True)
     if stats_json:
         write_json(stats_json, stats_record(cfg, gen, prompt_ids, out))
     raise Interrupted()
@@ -230,12 +275,17 @@ def chat(system, **kw):
     """Talk with the target, with its chat template (a plain one for base models).
 
     Commands: /help /clear /stats /set /exit. Ctrl-C stops the current reply (what came so far stays in
-    the history); Ctrl-D leaves.
+    the history); Ctrl-D leaves. A closed stdout (`| head`) ends the session quietly.
     """
     from .chat import ChatREPL
 
     cfg, gen = setup(kw)
-    ChatREPL(gen, cfg.sampling.resolved(), system=system, live=not kw["no_live"], quiet=kw["quiet"]).run()
+    repl = ChatREPL(gen, cfg.sampling.resolved(), system=system, live=not kw["no_live"], quiet=kw["quiet"],
+                    color=kw["color"])
+    try:
+        repl.run()
+    except BrokenPipeError:  # the reader is gone (`| head`): leave quietly, as complete does
+        silence_stdout()
 
 
 # ---- presets --------------------------------------------------------------------------------------------
@@ -268,7 +318,13 @@ def presets_list():
 @guarded
 def presets_show(name):
     """Print preset NAME (or a .yaml path) resolved: absolute paths and every default filled in."""
-    click.echo(presets_mod.to_yaml(presets_mod.load(name)), nl=False)
+    from .drafters import MethodError
+
+    try:
+        text = presets_mod.to_yaml(presets_mod.load(name))
+    except (presets_mod.PresetError, MethodError) as err:  # what complete would refuse, refused here too
+        raise click.UsageError(clip(str(err))) from None
+    click.echo(text, nl=False)
 
 
 # ---- info -----------------------------------------------------------------------------------------------

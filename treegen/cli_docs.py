@@ -20,14 +20,31 @@ do not edit by hand (`tests/test_cli_docs.py` fails when it is out of date).
   drops it. `--stats-json PATH` writes one JSON object to PATH; `--stats-json -` writes it to stdout
   *instead of* the text (the text is in its `text` field), so stdout is always one kind of thing.
 - **Live view** only when stdout is a terminal and `--no-live` is not given: each round's tokens in a tint of
-  their own (cyan, yellow, magenta, cycling), a status line (round, accepted / drafted this round, mean
-  acceptance length, tokens/s), control characters shown as symbols, a final newline. Otherwise plain text.
-- **Prompt**: `treegen complete FILE`, `treegen complete -` or a pipe into `treegen complete`; the prompt is
-  used exactly as read (trailing newline included).
-- **Exit status**: 0 done; 0 as well when the reader of stdout goes away (`| head`), quietly, no summary;
-  1 a runtime error, one line `treegen: error: ...` (`--debug` adds the traceback); 2 a usage error, one
-  line; 130 interrupted (Ctrl-C in `complete`: the text so far is already out, the JSON record is written
-  with `finish: interrupted`).
+  their own (cyan, yellow, magenta, cycling; `--no-color` or `NO_COLOR` drops the tints, `--color` keeps
+  them), a status line (round, accepted / drafted this round, mean acceptance length, tokens/s), control
+  characters shown as symbols, a final newline. The live area is the unfinished line, cut into full rows as
+  it grows, and the status line, so it always fits the screen; keys typed during a reply are not echoed and
+  are dropped (Ctrl-C still stops it). Otherwise plain text (on a terminal, with a final newline).
+- **Prompt**: `treegen complete -p TEXT`, `treegen complete FILE`, `treegen complete -` or a pipe; the prompt
+  is used exactly as read (trailing newline included) and must be UTF-8. When the model's first token is its
+  end-of-sequence token, stderr says so ("finished at once").
+- **Summary** (stderr): `prompt eval time` (the prefill, which also gives the first token), `eval time` (the
+  rest: tokens after the first, as llama.cpp counts them), `total time`, then the acceptance numbers.
+- **Exit status**: 0 done (also `-n 0`, empty output); 0 as well when the reader of stdout goes away
+  (`| head`, in `complete` and `chat`), quietly, no summary; 1 a runtime error, one line `treegen: error: ...`
+  (`--debug` adds the traceback); 2 a usage error, one line, found before anything loads: a flag value out
+  of range, an unknown method, dtype, device or preset, a preset that does not validate, a prompt that is
+  missing, empty or not UTF-8, an output path that cannot be written, a target or drafter path that does not
+  exist; 130 interrupted (Ctrl-C in `complete`: the text so far is already out, the summary and the JSON
+  record are written with `finish: interrupted`).
+- **Model names**: a folder, or a hub id `OWNER/NAME` (any other name that is not a folder is refused at
+  once). A hub id that is not in the local cache while the hub cannot be reached (or `HF_HUB_OFFLINE=1`)
+  fails at once rather than after retries.
+- **Values** (one definition in `treegen/validate.py`, used by the flags, a preset's `sampling:`, chat's
+  `/set` and `Generator.config`):
+
+{values}
+
 - **Defaults** are never written in the CLI: a flag that is not given leaves the value to the preset, and
   a value the preset does not set is left to the Python API (`treegen presets show NAME` prints them all).
 - **Presets** (`presets/NAME.yaml`): `description`, `target` (null = the shipped demo target), `drafter`,
@@ -40,7 +57,8 @@ do not edit by hand (`tests/test_cli_docs.py` fails when it is out of date).
   that also stops the reply at the next `User:`. Ctrl-C stops the reply and keeps what came so far in the
   history; Ctrl-D or `/exit` leaves; Ctrl-C at the prompt clears the line. When the history outgrows the
   context, the oldest exchanges are left out of the prompt (and said so), not deleted; `/clear` forgets.
-  `/set KEY VALUE` changes a sampling value for the next replies.
+  `/set KEY VALUE` changes a sampling value for the next replies, checked as the flag is (a bad value is
+  refused at `/set`). A line that is not UTF-8 is refused; no error ends the session or loses the history.
 """
 
 
@@ -56,10 +74,20 @@ def commands(command: click.Command, path: list[str], parent: click.Context | No
                 yield from commands(sub, path + [name], ctx)
 
 
+def values_table() -> str:
+    from .validate import SAMPLING
+
+    rows = ["  | option | valid values | default |", "  |---|---|---|"]
+    for spec in SAMPLING.values():
+        valid = spec.describe() + spec.meaning_text()
+        rows.append(f"  | `{spec.name}` | {valid} | {spec.default if spec.default is not None else 'none (random)'} |")
+    return "\n".join(rows)
+
+
 def render() -> str:
     from .cli import cli
 
-    sections = [HEADER]
+    sections = [HEADER.replace("{values}", values_table())]
     for ctx, command in commands(cli, ["treegen"]):
         sections.append(f"## {ctx.command_path}\n\n```text\n{command.get_help(ctx)}\n```\n")
     return "\n".join(sections)

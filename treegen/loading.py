@@ -6,6 +6,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
+from . import validate
+
 DEFAULT_DTYPE = "auto"
 DEFAULT_DEVICE = "auto"
 DEFAULT_ATTN = "sdpa"
@@ -22,10 +24,12 @@ def resolve_device(device: str = DEFAULT_DEVICE) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise LoadError(f"--device {device} asked for, but this machine has no CUDA device")
+    if device == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise LoadError("--device mps asked for, but this machine has no MPS device (Apple silicon)")
     try:
         return torch.device(device)
     except RuntimeError as err:
-        raise LoadError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N") from err
+        raise LoadError(f"unknown device {device!r}: use auto, cpu, cuda, cuda:N or mps") from err
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -37,15 +41,19 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def check_source(name: str) -> str:
-    """A local folder must exist and hold a config.json; anything else is taken as a hub id."""
-    path = Path(name).expanduser()
-    if path.exists():
-        if not (path / "config.json").exists():
-            raise LoadError(f"{name}: no config.json in this folder, so it is not a transformers model")
-        return str(path.resolve())
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise LoadError(f"{name}: no such folder")
-    return name
+    """A local folder must exist and hold a config.json; an OWNER/NAME is a hub id (see treegen.validate)."""
+    try:
+        return validate.check_source(name, "target")
+    except validate.OptionError as err:
+        raise LoadError(str(err)) from None
+
+
+def check_hub(source: str) -> None:
+    """A hub id that is neither cached nor reachable fails now, not after the hub client's retries."""
+    if not Path(source).exists():
+        problem = validate.hub_problem(source)
+        if problem:
+            raise LoadError(problem)
 
 
 def _quantization(load_in_8bit: bool, load_in_4bit: bool, compute_dtype: torch.dtype):
@@ -92,6 +100,7 @@ def load_target(name: str, *, dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_
     quiet_transformers()
     source = check_source(name)
     dev = resolve_device(device)
+    check_hub(source)
     torch_dtype = resolve_dtype(dtype, dev)
     quant = _quantization(load_in_8bit, load_in_4bit, torch_dtype)
     kwargs = dict(dtype=torch_dtype, attn_implementation=attn_implementation)

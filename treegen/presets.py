@@ -16,13 +16,15 @@ treegen/assets/presets (a symlink to presets/ in the checkout, real files in a w
 """
 from __future__ import annotations
 
-import inspect
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+from .validate import HUB_ID, SAMPLING, OptionError, check_sampling, key_name, looks_like_path, shown, shown_path
 
 PACKAGE = Path(__file__).resolve().parent
 CHECKOUT_PRESETS = PACKAGE.parent / "presets"
@@ -59,11 +61,8 @@ class Sampling:
 
 
 def api_defaults() -> dict[str, Any]:
-    """The sampling defaults of Generator.config(): the one place they are defined."""
-    from .api import Generator
-
-    params = inspect.signature(Generator.config).parameters.values()
-    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+    """The sampling defaults of Generator.config(), defined once in treegen.validate."""
+    return {name: spec.default for name, spec in SAMPLING.items()}
 
 
 @dataclass(frozen=True)
@@ -77,12 +76,14 @@ class Preset:
     method_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # read-only
     sampling: Sampling = Sampling()
 
-    def with_flags(self, *, target=None, drafter=None, method=None, **sampling) -> Preset:
+    def with_flags(self, *, target=None, drafter=None, method=None, method_options=None, **sampling) -> Preset:
         """A new config with the command-line values that were given (not None) over this preset's."""
         given = {"target": target, "drafter": drafter, "method": method}
         changes = {k: v for k, v in given.items() if v is not None}
+        options = dict(self.method_options)
         if method is not None and method != self.method:
-            changes["method_options"] = MappingProxyType({})  # the preset's options belong to its own method
+            options = {}  # the preset's options belong to its own method
+        changes["method_options"] = MappingProxyType({**options, **(method_options or {})})
         return replace(self, **changes, sampling=self.sampling.merged(sampling))
 
 
@@ -128,15 +129,24 @@ def load(name_or_path: str) -> Preset:
     return parse(read_yaml(path), path)
 
 
+MAX_BYTES = 1_000_000   # a preset is a few lines; anything this big is not one
+
+
 def read_yaml(path: Path) -> dict:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if path.stat().st_size > MAX_BYTES:
+            raise PresetError(f"{path}: {path.stat().st_size} bytes, too large for a preset")
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=no_alias_loader())
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise PresetError(f"{path}: malformed YAML{where}: {getattr(err, 'problem', None) or err}") from err
+    except RecursionError:
+        raise PresetError(f"{path}: nested too deeply to be a preset") from None
+    except ValueError as err:  # e.g. an integer of thousands of digits
+        raise PresetError(f"{path}: a value cannot be read: {str(err)[:80]}") from None
     except (OSError, UnicodeDecodeError) as err:
         raise PresetError(f"{path}: cannot read: {err}") from err
     if not isinstance(data, dict):
@@ -145,40 +155,62 @@ def read_yaml(path: Path) -> dict:
     return data
 
 
+@functools.lru_cache(maxsize=1)
+def no_alias_loader():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader that refuses aliases: a few hundred bytes of nested aliases expand to gigabytes."""
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(
+                    None, None, f"aliases (*{str(event.anchor)[:20]}) are not allowed in a preset", event.start_mark)
+            return super().compose_node(parent, index)
+
+    return Loader
+
+
 # ---- validation ------------------------------------------------------------------------------------------
 
 TOP_KEYS = {"description": "a string", "target": "a hub id, a path or null", "drafter": "a hub id, a path or null",
             "method": "a method name", "method_options": "a mapping", "sampling": "a mapping"}
-SAMPLING_KEYS = {"temperature": "a number", "top_k": "an integer", "top_p": "a number", "min_p": "a number",
-                 "max_new_tokens": "an integer", "seed": "an integer or null"}
 # what each expectation accepts; None (null) is accepted wherever a value may be left to the API
 ACCEPTS = {"a string": (str,), "a hub id, a path or null": (str, type(None)), "a method name": (str,),
-           "a mapping": (dict, type(None)), "a number": (int, float, type(None)),
-           "an integer": (int, type(None)), "an integer or null": (int, type(None))}
+           "a mapping": (dict, type(None))}
 
 
 def check_keys(data: dict, expected: dict[str, str], path: Path, prefix: str = "") -> None:
     """Every key known and every value of the expected type, or one line saying which and what."""
     for key, value in data.items():
         if key not in expected:
-            raise PresetError(f"{path}: {prefix}{key}: unknown key; expected one of {', '.join(expected)}")
+            raise PresetError(f"{path}: {prefix}{key_name(key)}: unknown key; expected one of {', '.join(expected)}")
         ok = isinstance(value, ACCEPTS[expected[key]]) and not isinstance(value, bool)
         if not ok:
-            raise PresetError(f"{path}: {prefix}{key}: expected {expected[key]}, got {value!r}")
+            raise PresetError(f"{path}: {prefix}{key}: expected {expected[key]}, got {shown(value)}")
+
+
+def checked_sampling(data: dict, path: Path) -> Sampling:
+    """The sampling block, every value checked by the same definition the flags and /set use."""
+    try:
+        values = check_sampling(data.get("sampling") or {}, label=lambda key: f"sampling.{key_name(key)}")
+    except OptionError as err:
+        raise PresetError(f"{path}: {err}") from None
+    return Sampling(**values)
 
 
 def parse(data: dict, path: Path) -> Preset:
     check_keys(data, TOP_KEYS, path)
     if "method" not in data:
         raise PresetError(f"{path}: method: missing; expected a method name (one of {', '.join(method_names())})")
-    check_keys(data.get("sampling") or {}, SAMPLING_KEYS, path, prefix="sampling.")
     base = path.parent
     return Preset(
-        name=path.stem, path=path, description=data.get("description") or "",
+        name=path.stem, path=path, description=(data.get("description") or "").strip().split("\n")[0],
         target=resolve_source(data.get("target"), base, path, "target"),
         drafter=resolve_source(data.get("drafter"), base, path, "drafter"),
         method=data["method"], method_options=checked_options(data, path),
-        sampling=Sampling(**(data.get("sampling") or {})))
+        sampling=checked_sampling(data, path))
 
 
 def method_names() -> list[str]:
@@ -196,15 +228,13 @@ def checked_options(data: dict, path: Path) -> Mapping[str, Any]:
         method = get_method(data["method"])
     except MethodError as err:
         raise PresetError(f"{path}: method: {err}") from err
+    if not all(isinstance(k, str) for k in options):
+        raise PresetError(f"{path}: method_options: keys must be option names, got {shown(list(options))}")
     try:
         check_options(method, options)
     except MethodError as err:
         raise PresetError(f"{path}: method_options: {err}") from err
     return MappingProxyType(options)
-
-
-def looks_like_path(value: str) -> bool:
-    return value.startswith((".", "/", "~")) or value.count("/") > 1 or "\\" in value
 
 
 def resolve_source(value: str | None, base: Path, path: Path, key: str) -> str | None:
@@ -224,7 +254,10 @@ def resolve_source(value: str | None, base: Path, path: Path, key: str) -> str |
     if candidate.exists():
         return str(candidate.resolve())
     if looks_like_path(value):
-        raise PresetError(f"{path}: {key}: {candidate} does not exist; expected a file or folder, or a hub id")
+        raise PresetError(f"{path}: {key}: {shown_path(candidate)} does not exist; expected a file or folder, "
+                          f"or a hub id")
+    if not HUB_ID.match(value):
+        raise PresetError(f"{path}: {key}: {shown(value)} is no folder here, and not a hub id (OWNER/NAME)")
     return value
 
 

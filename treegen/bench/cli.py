@@ -43,7 +43,7 @@ treegen bench --target Qwen/Qwen3-8B --methods ar,pld --prompts chat --temperatu
 @click.option("--repeats", type=click.IntRange(min=1), default=DEFAULT_REPEATS, show_default=True, metavar="R",
               help="Passes over the prompts; speedups are medians over repeats.")
 @click.option("--limit", type=click.IntRange(min=1), metavar="K", help="Only the first K prompts.")
-@click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True, metavar="S",
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=DEFAULT_SEED, show_default=True, metavar="S",
               help="Base seed when sampling (prompt i of repeat r gets seed+r*prompts+i, for every method).")
 @click.option("--target", metavar="HUB_ID|PATH",
               help="Target model: hub id or folder (default: the shipped demo target); overrides the presets' too.")
@@ -66,10 +66,12 @@ treegen bench --target Qwen/Qwen3-8B --methods ar,pld --prompts chat --temperatu
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
 @click.pass_context
 def bench(ctx, debug, **kw):
-    from ..cli_options import failures
+    from ..cli_options import check_output_path, failures
 
     if kw["hf_assistant"] and not kw["peers"]:
         raise click.UsageError("--hf-assistant is a peer: drop --no-peers", ctx=ctx)
+    check_output_path(kw["json_path"], "--json")    # before the run, not after it
+    check_output_path(kw["plot_path"], "--plot")
     with failures(debug):
         from .session import run_bench
 

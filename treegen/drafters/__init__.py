@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..validate import shown
 from . import defaults as D
 
 
@@ -73,11 +74,14 @@ def check_options(method: Method, options: dict[str, Any]) -> dict[str, Any]:
     known = method.options
     for key, value in options.items():
         if key not in known:
-            raise MethodError(f"method {method.name!r} has no option {key!r}; it takes: "
+            raise MethodError(f"method {method.name!r} has no option {shown(key)}; it takes: "
                               f"{', '.join(sorted(known)) or 'none'}")
         if not _type_ok(value, known[key]):
             raise MethodError(f"method {method.name!r} option {key!r} must be {type(known[key]).__name__}, "
-                              f"got {value!r}")
+                              f"got {shown(value)}")
+        low = D.MINIMUM.get((method.name, key))
+        if low is not None and value < low:
+            raise MethodError(f"method {method.name!r} option {key!r} must be >= {low}, got {shown(value)}")
     return {**known, **options}
 
 

@@ -5,3 +5,6 @@ PLD_DRAFT_LEN = 10
 PLD_BRANCHES = 4
 DDTREE_BUDGET = 64      # nodes verified per round (DDTree's common default)
 DDTREE_TOP_K = 0        # per-depth candidates; 0 = as many as the budget (no node can rank lower)
+# the smallest valid value of numeric options, checked (with the types) before anything loads
+MINIMUM = {("pld", "max_ngram"): 1, ("pld", "min_ngram"): 1, ("pld", "draft_len"): 1, ("pld", "branches"): 1,
+           ("ddtree", "budget"): 1, ("ddtree", "top_k"): 0}

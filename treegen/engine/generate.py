@@ -149,8 +149,12 @@ def generate(model, drafter: Drafter, prompt_ids: torch.Tensor, config: Generati
         raise PromptTooLong(f"the prompt is {prompt.numel()} tokens; the target's context holds {limit}, "
                             f"leaving no room to generate")
     if config.max_new_tokens == 0:
-        return iter(())
+        return _nothing()   # a generator like any other (close() and all), that yields no round
     return _rounds(_Loop(model, drafter, prompt, config))
+
+
+def _nothing() -> Iterator[Round]:
+    yield from ()
 
 
 @torch.inference_mode()  # torch enters and leaves the mode around each step of a generator

@@ -63,6 +63,11 @@ def resolve_checkpoint(name: str) -> Path:
         return path
     if name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise CheckpointError(f"{name}: no such drafter folder")
+    from ..validate import hub_problem
+
+    problem = hub_problem(name)
+    if problem:
+        raise CheckpointError(f"drafter {problem}")
     try:
         from huggingface_hub import snapshot_download
         return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors"]))
@@ -91,7 +96,11 @@ def read_state_dict(folder: Path, prefix: str = "") -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{folder}: no .safetensors weights")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(f))
+        try:
+            state.update(load_file(f))
+        except Exception as err:  # safetensors raises its own error type (and OSError) for a damaged file
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise CheckpointError(f"{f}: corrupt or truncated safetensors file ({first[:120]})") from err
     if prefix:
         state = {k.removeprefix(prefix): v for k, v in state.items()}
     return state
@@ -119,10 +128,13 @@ def save_dflash(model: DFlashDrafter, out_dir: Path, dtype: torch.dtype | None =
 
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: (v.to(dtype) if dtype else v).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, out_dir / "model.safetensors", metadata={"format": "pt"})
+    tmp = out_dir / ".model.safetensors.tmp"   # temp file + rename: a kill mid-write leaves no half file
+    save_file(state, tmp, metadata={"format": "pt"})
+    tmp.replace(out_dir / "model.safetensors")
     cfg = config_to_json(model.config)
     cfg["dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out_dir / ".config.json.tmp").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out_dir / ".config.json.tmp").replace(out_dir / "config.json")
 
 
 def check_fits(config: DFlashConfig, target) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..cli_options import guarded
+from ..cli_options import check_training_inputs, guarded, new_folder, stop_signals
+from ..validate import shown
 
 
 def _log(msg: str) -> None:
@@ -23,60 +24,89 @@ def train():
     """Train drafters (and the demo pair's tokenizer and target)."""
 
 
+POSITIVE = click.IntRange(min=1)
+
+
 @train.command("dflash")
 @click.option("--target", required=True, help="Target model: hub id or folder (frozen during training).")
 @click.option("--data", "data", multiple=True, required=True, help="Text file, folder or JSONL of {'text':..}.")
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (published layout).")
-@click.option("--layers", default=3, show_default=True, help="Drafter decoder layers.")
-@click.option("--block-size", default=16, show_default=True)
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Output folder (published layout).")
+@click.option("--layers", type=POSITIVE, default=3, show_default=True, help="Drafter decoder layers.")
+@click.option("--block-size", type=click.IntRange(min=2), default=16, show_default=True)
 @click.option("--target-layers", default=None, help="Comma-separated target layer ids (default: z-lab's spread).")
-@click.option("--mask-token-id", type=int, default=None, help="Default: the tokenizer's mask token.")
-@click.option("--steps", default=2000, show_default=True, help="Maximum optimizer steps.")
-@click.option("--minutes", type=float, default=None, help="Wall-clock budget; the LR schedule follows it.")
-@click.option("--batch", default=8, show_default=True)
-@click.option("--seq-len", default=256, show_default=True)
-@click.option("--anchors", default=16, show_default=True, help="Random anchors (blocks) per sequence.")
-@click.option("--lr", default=1e-3, show_default=True)
-@click.option("--regenerate", "regen", type=int, default=0, help="Train on N target-regenerated sequences.")
+@click.option("--mask-token-id", type=click.IntRange(min=0), default=None, help="Default: the tokenizer's mask token.")
+@click.option("--steps", type=POSITIVE, default=2000, show_default=True, help="Maximum optimizer steps.")
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Wall-clock budget; the LR schedule follows it.")
+@click.option("--batch", type=POSITIVE, default=8, show_default=True)
+@click.option("--seq-len", type=POSITIVE, default=256, show_default=True)
+@click.option("--anchors", type=POSITIVE, default=16, show_default=True, help="Random anchors (blocks) per sequence.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True, max=1), default=1e-3, show_default=True)
+@click.option("--regenerate", "regen", type=click.IntRange(min=0), default=0,
+              help="Train on N target-regenerated sequences.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out text for the final acceptance estimate.")
-@click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt (also after Ctrl-C or SIGTERM).")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
 @guarded
 def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, steps, minutes, batch,
                seq_len, anchors, lr, regen, heldout, resume, seed):
-    """Train a DFlash block-diffusion drafter for TARGET; writes z-lab's checkpoint layout to OUT."""
+    """Train a DFlash block-diffusion drafter for TARGET; writes z-lab's checkpoint layout to OUT.
+
+    Ctrl-C or SIGTERM stops at the end of the current step, with a checkpoint that --resume continues."""
     from .dflash import DFlashTrainConfig
     from .pipeline import train_dflash_pipeline
 
-    ids = tuple(int(x) for x in target_layers.split(",")) if target_layers else None
+    ids = layer_ids(target_layers)
+    if block_size >= seq_len:
+        raise click.UsageError(f"--block-size {block_size} must be below --seq-len {seq_len}")
+    if anchors > seq_len - block_size:
+        raise click.UsageError(f"--anchors {anchors}: a {seq_len}-token sequence holds at most "
+                               f"{seq_len - block_size} anchors of block {block_size}")
+    check_training_inputs(target, list(data) + list(heldout), out, resume)
     cfg = DFlashTrainConfig(num_layers=layers, block_size=block_size, target_layer_ids=ids, batch=batch,
                             seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
                             max_seconds=_budget(minutes), seed=seed)
-    train_dflash_pipeline(target, list(data), out, cfg, mask_token_id=mask_token_id, regen=regen,
-                          heldout=list(heldout), resume=resume, log=_log)
+    with stop_signals(), new_folder(out):
+        train_dflash_pipeline(target, list(data), out, cfg, mask_token_id=mask_token_id, regen=regen,
+                              heldout=list(heldout), resume=resume, log=_log)
+
+
+def layer_ids(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        ids = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise click.UsageError(f"--target-layers {shown(text)}: expected comma-separated integers, e.g. 1,3,5")
+    if any(i < 0 for i in ids):
+        raise click.UsageError(f"--target-layers {shown(text)}: layer ids are >= 0")
+    return ids
 
 
 @train.command("tokenizer")
 @click.option("--data", multiple=True, required=True)
-@click.option("--out", type=click.Path(path_type=Path), required=True)
-@click.option("--vocab-size", default=8192, show_default=True)
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True)
+@click.option("--vocab-size", type=click.IntRange(min=260), default=8192, show_default=True)
 @guarded
 def tokenizer_cmd(data, out, vocab_size):
     """Train a byte-level BPE tokenizer (with eos, pad and mask tokens)."""
     from .data import read_data
     from .tokenizer import train_tokenizer
 
-    train_tokenizer(read_data(list(data)), out, vocab_size)
+    check_training_inputs(None, list(data), out, False)
+    with new_folder(out):
+        train_tokenizer(read_data(list(data)), out, vocab_size)
     _log(f"tokenizer written to {out}")
 
 
 @train.command("target")
 @click.option("--tokenizer", "tok_dir", required=True, help="Tokenizer folder (from `treegen train tokenizer`).")
 @click.option("--data", multiple=True, required=True)
-@click.option("--out", type=click.Path(path_type=Path), required=True)
-@click.option("--steps", default=100_000, show_default=True)
-@click.option("--minutes", type=float, default=None)
-@click.option("--resume", is_flag=True)
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True)
+@click.option("--steps", type=POSITIVE, default=100_000, show_default=True)
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None)
+@click.option("--resume", is_flag=True, help="Continue from OUT/train-state (also after Ctrl-C or SIGTERM).")
 @guarded
 def target_cmd(tok_dir, data, out, steps, minutes, resume):
     """Train a small Qwen3-architecture target from scratch (how the demo target is made)."""
@@ -85,10 +115,12 @@ def target_cmd(tok_dir, data, out, steps, minutes, resume):
     from .data import read_data, tokenize
     from .target import build_target, train_target
 
-    tok = AutoTokenizer.from_pretrained(tok_dir)
-    model = build_target(tok)
-    train_target(model, tokenize(read_data(list(data)), tok), out / "train-state", max_steps=steps,
-                 max_seconds=_budget(minutes), resume=resume)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    check_training_inputs(tok_dir, list(data), out, resume, needs_config=False)
+    with stop_signals(), new_folder(out):
+        tok = AutoTokenizer.from_pretrained(tok_dir)
+        model = build_target(tok)
+        train_target(model, tokenize(read_data(list(data)), tok), out / "train-state", max_steps=steps,
+                     max_seconds=_budget(minutes), resume=resume)
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
     _log(f"target written to {out}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,9 @@ def encode_corpus(texts: list[str], tokenizer) -> torch.Tensor:
 
 
 def random_windows(stream: torch.Tensor, batch: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
+    if len(stream) < seq_len + 2:
+        raise ValueError(f"the training data is {len(stream)} tokens; windows of {seq_len} need at least "
+                         f"{seq_len + 2} (more data, or a shorter --seq-len)")
     starts = torch.randint(0, len(stream) - seq_len - 1, (batch,), generator=gen)
     return torch.stack([stream[s:s + seq_len] for s in starts.tolist()]).long()
 
@@ -44,6 +48,9 @@ class Schedule:
 
     def done(self, step: int, elapsed: float) -> bool:
         return self.progress(step, elapsed) >= 1.0
+
+
+STOP = threading.Event()   # set by SIGINT/SIGTERM (treegen.cli_options.stop_signals): stop at the next step
 
 
 def save_checkpoint(path: Path, model, optimizer, step: int, elapsed: float, gen: torch.Generator) -> None:
@@ -71,6 +78,11 @@ def fit(model, opt, sched: Schedule, gen: torch.Generator, ckpt: Path, step_loss
     progress = Progress()
     model.train()
     while not sched.done(step, elapsed):
+        if STOP.is_set():  # between steps, so the checkpoint is exactly where --resume goes on
+            save_checkpoint(ckpt, model, opt, step, elapsed, gen)
+            print(f"stopped at step {step}; {ckpt} saved, --resume continues from there", file=sys.stderr,
+                  flush=True)
+            raise KeyboardInterrupt
         t0 = time.perf_counter()
         for group in opt.param_groups:
             group["lr"] = sched.lr_at(step, elapsed)
