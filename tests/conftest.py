@@ -1,10 +1,15 @@
 """Tiny real transformers models built in the test process: no network, no downloads."""
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 import torch
 
 torch.set_num_threads(1)  # tiny models gain nothing from threads; and CI shares 2 cores
+# `budget: auto` caches measured verify costs: never in the user's cache from a test
+os.environ["TREEGEN_CACHE"] = tempfile.mkdtemp(prefix="treegen-test-cache-")
 
 
 def tiny_qwen3(vocab: int = 96, hidden: int = 32, layers: int = 2, seed: int = 0, max_pos: int = 512):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import tiny_qwen3
 
-from treegen.drafters import build_drafter
+from treegen.drafters import MethodError, auto_budget, build_drafter, check_options, get_method
 from treegen.engine import budget as B
 from treegen.engine.generate import GenerationConfig, generate
 from treegen.engine.tree import DraftTree
@@ -103,3 +103,28 @@ def test_cost_is_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(B, "MEASURED_ROWS", (1, 2))
     assert B.verify_cost(target, path).rows == (1, 2)
+
+
+def test_auto_is_a_budget_value():
+    opts = check_options(get_method("ddtree"), {"budget": "auto"})
+    assert opts["budget"] == 128 and auto_budget({"budget": "auto"}) and not auto_budget({"budget": 64})
+    with pytest.raises(MethodError, match="has no option 'budget'"):
+        check_options(get_method("dflash"), {"budget": "auto"})
+    with pytest.raises(MethodError, match="must be int"):
+        check_options(get_method("ddtree"), {"budget": "automatic"})
+
+
+
+def test_cli_budget_auto_on_the_demo_pair_equals_ar():
+    """`--method-option budget=auto` end to end: measured once (into the test cache), output = ar's."""
+    from click.testing import CliRunner
+
+    from treegen.cli import cli
+
+    args = ["complete", "-p", "def fib(n):\n", "-n", "24", "--stats-json", "-"]
+    ar = CliRunner().invoke(cli, args + ["--method", "ar"])
+    auto = CliRunner().invoke(cli, args + ["--method", "ddtree", "--method-option", "budget=auto"])
+    assert ar.exit_code == 0 and auto.exit_code == 0, auto.output
+    ar_stats, auto_stats = json.loads(ar.stdout), json.loads(auto.stdout)
+    assert auto_stats["text"] == ar_stats["text"]
+    assert 0 <= auto_stats["mean_tree_size"] <= 128 and B.cache_file().exists()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .drafters import build_drafter
+from .drafters import auto_budget, build_drafter
 from .engine.generate import GenerationConfig, Round, generate
 from .engine.sampling import Sampler
 from .engine.stats import Stats
@@ -94,6 +94,13 @@ class Generator:
             load_in_8bit=self.load_in_8bit, load_in_4bit=self.load_in_4bit,
             attn_implementation=self.attn_implementation)
         self.draft_model = build_drafter(self.method, self.model, self.drafter, self.method_options)
+        self.verify_cost = self._verify_cost()
+
+    def _verify_cost(self):
+        """`budget: auto`: the target's forward time per row count, measured once per setting and cached."""
+        from .engine.budget import verify_cost
+
+        return verify_cost(self.model) if auto_budget(self.method_options) else None
 
     def with_method(self, method: str, drafter: str | None = None, method_options: dict | None = None) -> Generator:
         """Another method on this generator's loaded target, not loaded again (benchmarks compare methods so)."""
@@ -103,6 +110,7 @@ class Generator:
         other.drafter, other.method_options = drafter, dict(method_options or {})
         other.method = best_method(drafter) if method == "auto" else method
         other.draft_model = build_drafter(other.method, self.model, drafter, other.method_options)
+        other.verify_cost = other._verify_cost()
         return other
 
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -123,7 +131,7 @@ class Generator:
                             "top_p": top_p, "min_p": min_p, "seed": seed})
         return GenerationConfig(s["max_new_tokens"], Sampler(s["temperature"], s["top_k"], s["top_p"], s["min_p"]),
                                 effective_seed(s["seed"]), eos_ids(self.model, self.tokenizer),
-                                context_length(self.model))
+                                context_length(self.model), self.verify_cost)
 
     def stream(self, prompt: str | list[int], *, stop: tuple[str, ...] = (), **sampling) -> Iterator[Chunk]:
         """Yield a Chunk per round; stops at EOS, max_new_tokens, the context limit or a stop string."""

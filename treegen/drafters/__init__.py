@@ -73,6 +73,8 @@ def check_options(method: Method, options: dict[str, Any]) -> dict[str, Any]:
     """Unknown keys and wrong types fail with the key named and what was expected."""
     known = method.options
     for key, value in options.items():
+        if key == "budget" and value == D.AUTO and key in known:
+            continue
         if key not in known:
             raise MethodError(f"method {method.name!r} has no option {shown(key)}; it takes: "
                               f"{', '.join(sorted(known)) or 'none'}")
@@ -82,7 +84,15 @@ def check_options(method: Method, options: dict[str, Any]) -> dict[str, Any]:
         low = D.MINIMUM.get((method.name, key))
         if low is not None and value < low:
             raise MethodError(f"method {method.name!r} option {key!r} must be >= {low}, got {shown(value)}")
-    return {**known, **options}
+    merged = {**known, **options}
+    if merged.get("budget") == D.AUTO:
+        merged["budget"] = D.AUTO_CEILING
+    return merged
+
+
+def auto_budget(options: dict | None) -> bool:
+    """`budget: auto` asked for: the engine picks each round's tree size (GenerationConfig.verify_cost)."""
+    return (options or {}).get("budget") == D.AUTO
 
 
 def _type_ok(value: Any, default: Any) -> bool:
@@ -102,4 +112,4 @@ def build_drafter(name: str, target, drafter_path: str | None = None, options: d
     return method.build(target, drafter_path, **check_options(method, dict(options or {})))
 
 
-__all__ = ["METHODS", "Method", "MethodError", "build_drafter", "check_options", "get_method", "register"]
+__all__ = ["METHODS", "Method", "MethodError", "auto_budget", "build_drafter", "check_options", "get_method", "register"]
