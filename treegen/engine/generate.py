@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .drafter import Drafter, DraftState
 from .budget import AutoBudget, VerifyCost
 from .cache import check_compactable, compact, new_cache
+from .drafter import Drafter, DraftState
 from .sampling import Sampler
 from .tree import DraftTree, verification_inputs
 from .verify import Verdict, verify_tree
