@@ -171,8 +171,13 @@ def test_an_assistant_without_peers_is_a_usage_error(tiny_model_dir):
     (("--methods", "ar,warp"), "unknown method or preset 'warp'"),
     (("--prompts", "BAD"), "bad.jsonl:2: not valid JSON"),
     (("--methods", "ar,dflash"), "needs a drafter"),
-    (("--json", "/no/such/dir/b.json"), "the folder /no/such/dir does not exist"),
 ])
+def test_an_unwritable_json_path_is_a_usage_error_before_loading(tiny_model_dir):
+    result = invoke("--json", "/no/such/dir/b.json", "--target", tiny_model_dir)
+    assert result.exit_code == 2 and "the folder /no/such/dir does not exist" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_bad_input_is_one_line_and_exit_1(tiny_model_dir, tmp_path, args, message):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"prompt": \n')
