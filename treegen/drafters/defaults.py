@@ -5,3 +5,8 @@ PLD_DRAFT_LEN = 10
 PLD_BRANCHES = 4
 DDTREE_BUDGET = 64      # nodes verified per round (DDTree's common default)
 DDTREE_TOP_K = 0        # per-depth candidates; 0 = as many as the budget (no node can rank lower)
+TREEFLASH_BUDGET = 64       # nodes verified per round (TreeFlash's tree_size, less the root)
+TREEFLASH_TOP_M = 16        # candidate previous tokens per depth (treeflash_config.candidate_tokens)
+TREEFLASH_TOP_K = 16        # conditional children kept per (depth, candidate)
+TREEFLASH_TEMPERATURE = 1.0  # drafter temperature: rescales the heap's log-probs, not which tokens are kept
+TREEFLASH_SUPPORT_CPU = 64  # on a CPU, score each depth over its marginal top-64 only (0 = full vocabulary)
