@@ -245,3 +245,45 @@ def test_cli_refuses_a_checkpoint_for_another_target(tiny_model_dir, tf_dir):
                                       "--drafter", str(tf_dir), "-n", "4"], input="def f(x):\n")
     assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
     assert "TreeFlash drafter does not fit the target" in result.stderr and "Traceback" not in result.output
+
+
+def test_token_table_equals_direct_head(target, tf_dir):
+    model = load_treeflash(str(tf_dir))
+    block = DFlashBlock(model.model, target)
+    fast, slow = (TreeFlashDrafter(block, model, support=0) for _ in range(2))
+    slow.table_ok = False
+    hidden = torch.randn(7, 32, generator=torch.Generator().manual_seed(8)) * 3
+    for a, b in zip(fast.tables(hidden, 3), slow.tables(hidden, 3)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert fast._table is not None and slow._table is None
+
+
+# --- training --------------------------------------------------------------------------------------------
+
+def test_train_command_writes_the_layout_and_resumes(tiny_model_dir, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from treegen.train.cli import train
+
+    small = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    backbone = DFlashDrafter(tiny_drafter_config(small))
+    save_dflash(backbone, tmp_path / "dflash")
+    data = tmp_path / "corpus.txt"
+    data.write_text("def add(a, b):\n    return a + b\n" * 40)
+    out = tmp_path / "tf"
+    args = ["treeflash", "--target", str(tiny_model_dir), "--drafter", str(tmp_path / "dflash"), "--data", str(data),
+            "--out", str(out), "--batch", "2", "--seq-len", "48", "--anchors", "2", "--heldout", str(data),
+            "--prompts", "1", "--budgets", "6"]
+    first = CliRunner().invoke(train, args + ["--steps", "2"])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(train, args + ["--steps", "4", "--resume"])
+    assert again.exit_code == 0 and "trained 4 steps" in again.output, again.output
+    assert "budget 6 treeflash support=64" in again.output and (out / "heldout.json").exists()
+    state = load_file(out / "model.safetensors")
+    assert set(state) == {"model." + k for k in backbone.state_dict()} | HEAD_KEYS
+    for k, v in backbone.state_dict().items():  # the backbone is frozen: written back unchanged
+        assert torch.equal(state["model." + k], v), k
+    assert state["ar_approximation.d.weight"].abs().sum() > 0   # the head learned
+    bad = CliRunner().invoke(train, args[:-2] + ["--budgets", "x"])
+    assert bad.exit_code == 1 and "--budgets takes" in bad.output

@@ -10,3 +10,4 @@ TREEFLASH_TOP_M = 16        # candidate previous tokens per depth (treeflash_con
 TREEFLASH_TOP_K = 16        # conditional children kept per (depth, candidate)
 TREEFLASH_TEMPERATURE = 1.0  # drafter temperature: rescales the heap's log-probs, not which tokens are kept
 TREEFLASH_SUPPORT_CPU = 64  # on a CPU, score each depth over its marginal top-64 only (0 = full vocabulary)
+TREEFLASH_TABLE_MAX = 2 ** 25  # largest vocab x 2I token table kept on a CPU (fp32: 128 MB)

@@ -47,6 +47,10 @@ class TreeFlashDrafter(BlockDrafter):
         self.top_m, self.top_k = min(top_m, vocab), min(top_k, vocab)
         support = default_support(block.lm_head.weight.device) if support is None else support
         self.support = min(support, vocab)
+        rows = 2 * model.ar_approximation.d.weight.shape[1]
+        # on a CPU a [V, 2I] table of the token half saves most of the head's work (64 MB for the demo pair)
+        self.table_ok = block.embed.weight.device.type == "cpu" and vocab * rows <= D.TREEFLASH_TABLE_MAX
+        self._table: torch.Tensor | None = None
 
     def draft(self, anchor: int, depth: int) -> DraftTree:
         hidden = self.block.hidden(anchor, normed=False)[1:1 + depth]   # [D, H] before the final norm
@@ -56,19 +60,30 @@ class TreeFlashDrafter(BlockDrafter):
     def tables(self, hidden: torch.Tensor, anchor: int):
         """Per (depth, candidate previous token): conditional top-k log-probs, tokens, next-depth links."""
         depth, m = hidden.shape[0], self.top_m
-        lm_head, embed = self.block.lm_head, self.block.embed
-        marginal = lm_head(self.model.model.norm(hidden)).float()                   # [D, V]
+        head, final_norm = self.model.ar_approximation, self.model.model.norm
+        normed = final_norm(hidden)
+        marginal = self.block.lm_head(normed).float()                               # [D, V]
         top_m = marginal.topk(m, dim=-1).indices                                     # [D, m]
         # depth 0 has one candidate (the anchor); depth j > 0 has depth j-1's top-m
         prev = torch.cat([torch.tensor([anchor], device=hidden.device), top_m[:-1].flatten()])
-        rows = torch.cat([hidden[:1], hidden[1:].repeat_interleave(m, dim=0)])
-        states = self.model.corrected(rows, embed(prev))                             # [1 + (D-1)m, H]
+        pos = torch.arange(depth, device=hidden.device).repeat_interleave(m)[m - 1:]
+        delta = head.combine(self.token_part(prev), head.state_part(normed).index_select(0, pos))
+        states = final_norm(hidden.index_select(0, pos) + delta)                                     # [1 + (D-1)m, H]
         states = torch.cat([states[:1].expand(m, -1), states[1:]]).view(depth, m, -1)
         logp, tokens = self.score(states, marginal)
         match = tokens[..., None] == top_m[:, None, None, :]                         # [D, m, k, m]
         links = torch.where(match.any(-1), match.int().argmax(-1), -1)
         links[-1] = -1                                                               # the block ends here
         return logp, tokens, links
+
+    def token_part(self, prev: torch.Tensor) -> torch.Tensor:
+        """The head's token half for these ids: from a per-vocabulary table where it is small (built once)."""
+        head, embed = self.model.ar_approximation, self.block.embed.weight
+        if self._table is None and self.table_ok:
+            self._table = head.token_part(embed)                                    # [V, 2I]
+        if self._table is not None:
+            return self._table.index_select(0, prev)
+        return head.token_part(embed.index_select(0, prev))
 
     def score(self, states: torch.Tensor, marginal: torch.Tensor):
         """states [D, m, H] -> the conditional top-k (log-probs at the drafter temperature, tokens) [D, m, k]."""
@@ -78,7 +93,8 @@ class TreeFlashDrafter(BlockDrafter):
             top = logp.topk(self.top_k, dim=-1)
             return top.values, top.indices
         support = marginal.topk(self.support, dim=-1).indices                        # [D, s]
-        logits = torch.bmm(states, weight[support].transpose(1, 2)).float() / t     # [D, m, s]
+        rows = weight.index_select(0, support.flatten()).view(*support.shape, -1)   # [D, s, H]
+        logits = torch.bmm(states, rows.transpose(1, 2)).float() / t     # [D, m, s]
         # the support keeps the marginal's share of the mass: log P(S) - logsumexp over S of the conditional
         share = torch.log_softmax(marginal / t, dim=-1).gather(1, support).logsumexp(-1)
         logp = logits - logits.logsumexp(-1, keepdim=True) + share[:, None, None]

@@ -33,7 +33,18 @@ class SwiGLUApproximation(nn.Module):
         nn.init.zeros_(self.d.weight)
 
     def forward(self, prev_embed: torch.Tensor, normed_hidden: torch.Tensor) -> torch.Tensor:
-        u, g = self.ug(torch.cat([self.norm(prev_embed), normed_hidden], dim=-1)).chunk(2, dim=-1)
+        return self.combine(self.token_part(prev_embed), self.state_part(normed_hidden))
+
+    # ug is linear in [norm(e_prev); h], so its two halves can be computed apart: the token half once per
+    # token (a table over the vocabulary when that is small), the state half once per block position
+    def token_part(self, prev_embed: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.norm(prev_embed), self.ug.weight[:, :self.norm.weight.shape[0]])
+
+    def state_part(self, normed_hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(normed_hidden, self.ug.weight[:, self.norm.weight.shape[0]:], self.ug.bias)
+
+    def combine(self, token_part: torch.Tensor, state_part: torch.Tensor) -> torch.Tensor:
+        u, g = (token_part + state_part).chunk(2, dim=-1)
         return self.d(F.silu(g) * u)
 
 
