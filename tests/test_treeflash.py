@@ -251,11 +251,11 @@ def test_token_table_equals_direct_head(target, tf_dir):
     model = load_treeflash(str(tf_dir))
     block = DFlashBlock(model.model, target)
     fast, slow = (TreeFlashDrafter(block, model, support=0) for _ in range(2))
-    slow.table_ok = False
+    slow.table = None
     hidden = torch.randn(7, 32, generator=torch.Generator().manual_seed(8)) * 3
     for a, b in zip(fast.tables(hidden, 3), slow.tables(hidden, 3)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    assert fast._table is not None and slow._table is None
+    assert fast.table is not None
 
 
 # --- training --------------------------------------------------------------------------------------------
@@ -287,3 +287,9 @@ def test_train_command_writes_the_layout_and_resumes(tiny_model_dir, tmp_path):
     assert state["ar_approximation.d.weight"].abs().sum() > 0   # the head learned
     bad = CliRunner().invoke(train, args[:-2] + ["--budgets", "x"])
     assert bad.exit_code == 1 and "--budgets takes" in bad.output
+
+
+def test_ddtree_runs_on_a_treeflash_checkpoints_backbone(target, tf_dir):
+    """The same backbone with and without the head: ddtree reads a TreeFlash checkpoint too."""
+    dd = build_drafter("ddtree", target, str(tf_dir))
+    assert torch.equal(dd.block.model.fc.weight, load_treeflash(str(tf_dir)).model.fc.weight)

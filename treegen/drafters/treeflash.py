@@ -49,8 +49,10 @@ class TreeFlashDrafter(BlockDrafter):
         self.support = min(support, vocab)
         rows = 2 * model.ar_approximation.d.weight.shape[1]
         # on a CPU a [V, 2I] table of the token half saves most of the head's work (64 MB for the demo pair)
-        self.table_ok = block.embed.weight.device.type == "cpu" and vocab * rows <= D.TREEFLASH_TABLE_MAX
-        self._table: torch.Tensor | None = None
+        self.table: torch.Tensor | None = None
+        if block.embed.weight.device.type == "cpu" and vocab * rows <= D.TREEFLASH_TABLE_MAX:
+            with torch.no_grad():
+                self.table = model.ar_approximation.token_part(block.embed.weight)   # [V, 2I]
 
     def draft(self, anchor: int, depth: int) -> DraftTree:
         hidden = self.block.hidden(anchor, normed=False)[1:1 + depth]   # [D, H] before the final norm
@@ -77,13 +79,10 @@ class TreeFlashDrafter(BlockDrafter):
         return logp, tokens, links
 
     def token_part(self, prev: torch.Tensor) -> torch.Tensor:
-        """The head's token half for these ids: from a per-vocabulary table where it is small (built once)."""
-        head, embed = self.model.ar_approximation, self.block.embed.weight
-        if self._table is None and self.table_ok:
-            self._table = head.token_part(embed)                                    # [V, 2I]
-        if self._table is not None:
-            return self._table.index_select(0, prev)
-        return head.token_part(embed.index_select(0, prev))
+        """The head's token half for these ids: rows of the table where there is one."""
+        if self.table is not None:
+            return self.table.index_select(0, prev)
+        return self.model.ar_approximation.token_part(self.block.embed.weight.index_select(0, prev))
 
     def score(self, states: torch.Tensor, marginal: torch.Tensor):
         """states [D, m, H] -> the conditional top-k (log-probs at the drafter temperature, tokens) [D, m, k]."""
