@@ -159,19 +159,24 @@ def test_trained_head_changes_the_tree_and_links_only_top_m(target, tf_dir):
     assert tree_paths(best_first(logp, tokens, links, 40)) != tree_paths(marg)
 
 
-@pytest.mark.parametrize("support", [0, 24])
-def test_greedy_exact_with_a_nonzero_head(target, tf_dir, support):
-    drafter = build_drafter("treeflash", target, str(tf_dir), {"budget": 24, "support": support})
-    gen = torch.Generator().manual_seed(3)
-    branched = 0
+@pytest.fixture(scope="module")
+def greedy_refs(target):
+    """20 prompts (every third a repeated span, so the target loops and drafts get accepted) and HF greedy."""
+    gen, out = torch.Generator().manual_seed(3), []
     for i in range(20):
-        n = int(torch.randint(1, 30, (1,), generator=gen))
-        prompt = torch.randint(0, 63, (n,), generator=gen)
-        if i % 3 == 0:  # repeated spans: the target's greedy output loops, the drafter gets some right
-            prompt = prompt.repeat(3)
-        ref = target.generate(prompt[None], max_new_tokens=24, do_sample=False)[0, prompt.numel():].tolist()
+        prompt = torch.randint(0, 63, (int(torch.randint(1, 30, (1,), generator=gen)),), generator=gen)
+        prompt = prompt.repeat(3) if i % 3 == 0 else prompt
+        out.append((prompt, target.generate(prompt[None], max_new_tokens=24, do_sample=False)[0, prompt.numel():]))
+    return out
+
+
+@pytest.mark.parametrize("support", [0, 24])
+def test_greedy_exact_with_a_nonzero_head(target, tf_dir, greedy_refs, support):
+    drafter = build_drafter("treeflash", target, str(tf_dir), {"budget": 24, "support": support})
+    branched = 0
+    for i, (prompt, ref) in enumerate(greedy_refs):
         rounds = list(generate(target, drafter, prompt, GenerationConfig(24)))
-        assert [t for r in rounds for t in r.tokens] == ref, f"prompt {i}"
+        assert [t for r in rounds for t in r.tokens] == ref.tolist(), f"prompt {i}"
         assert all(r.drafted <= 24 for r in rounds)
         branched += sum(r.drafted > r.depth for r in rounds[1:])
     assert branched > 0
