@@ -182,7 +182,7 @@ def test_greedy_exact_with_a_nonzero_head(target, tf_dir, greedy_refs, support):
     assert branched > 0
 
 
-def test_sampling_follows_the_target_distribution(hf_target):
+def test_sampling_follows_the_target_distribution(hf_target):  # noqa: F811 (the imported fixture)
     """T > 0 through the enumeration harness of test_sampling_distribution, on its real 1-layer Qwen3."""
     torch.manual_seed(7)
     model = TreeFlashModel(tiny_drafter_config(hf_target, block_size=4, layer_ids=(0,)))

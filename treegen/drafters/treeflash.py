@@ -70,7 +70,7 @@ class TreeFlashDrafter(BlockDrafter):
         prev = torch.cat([torch.tensor([anchor], device=hidden.device), top_m[:-1].flatten()])
         pos = torch.arange(depth, device=hidden.device).repeat_interleave(m)[m - 1:]
         delta = head.combine(self.token_part(prev), head.state_part(normed).index_select(0, pos))
-        states = final_norm(hidden.index_select(0, pos) + delta)                                     # [1 + (D-1)m, H]
+        states = final_norm(hidden.index_select(0, pos) + delta)                    # [1 + (D-1)m, H]
         states = torch.cat([states[:1].expand(m, -1), states[1:]]).view(depth, m, -1)
         logp, tokens = self.score(states, marginal)
         match = tokens[..., None] == top_m[:, None, None, :]                         # [D, m, k, m]
@@ -93,7 +93,7 @@ class TreeFlashDrafter(BlockDrafter):
             return top.values, top.indices
         support = marginal.topk(self.support, dim=-1).indices                        # [D, s]
         rows = weight.index_select(0, support.flatten()).view(*support.shape, -1)   # [D, s, H]
-        logits = torch.bmm(states, rows.transpose(1, 2)).float() / t     # [D, m, s]
+        logits = torch.bmm(states, rows.transpose(1, 2)).float() / t                # [D, m, s]
         # the support keeps the marginal's share of the mass: log P(S) - logsumexp over S of the conditional
         share = torch.log_softmax(marginal / t, dim=-1).gather(1, support).logsumexp(-1)
         logp = logits - logits.logsumexp(-1, keepdim=True) + share[:, None, None]

@@ -123,5 +123,12 @@ def fits(model: TreeFlashModel, target) -> None:
         raise CheckpointError(str(err).replace("drafter does not fit", "TreeFlash drafter does not fit")) from None
 
 
-__all__ = ["SwiGLUApproximation", "TreeFlashModel", "from_dflash", "fits", "load_treeflash", "save_treeflash",
-           "treeflash_config"]
+__all__ = [
+    "SwiGLUApproximation",
+    "TreeFlashModel",
+    "fits",
+    "from_dflash",
+    "load_treeflash",
+    "save_treeflash",
+    "treeflash_config",
+]
