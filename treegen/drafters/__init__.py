@@ -50,6 +50,13 @@ def _ddtree(target, drafter_path, *, budget: int = D.DDTREE_BUDGET, top_k: int =
     return DDTreeDrafter(load_block(target, drafter_path), budget, top_k)
 
 
+def _treeflash(target, drafter_path, *, budget: int = D.TREEFLASH_BUDGET, top_m: int = D.TREEFLASH_TOP_M,
+               top_k: int = D.TREEFLASH_TOP_K, temperature: float = D.TREEFLASH_TEMPERATURE,
+               support: int | None = None):
+    from .treeflash import TreeFlashDrafter, load_treeflash_block
+    return TreeFlashDrafter(*load_treeflash_block(target, drafter_path), budget, top_m, top_k, temperature, support)
+
+
 METHODS: dict[str, Method] = {}
 
 
@@ -61,6 +68,8 @@ register(Method("ar", "plain decoding, no drafts (the baseline of every speedup)
 register(Method("pld", "prompt lookup: n-gram matches in the text so far, as a chain or a tree", _pld))
 register(Method("dflash", "DFlash block diffusion: one drafter pass, a chain of B-1 tokens", _dflash, True))
 register(Method("ddtree", "marginal tree from one DFlash pass, best-first to a node budget", _ddtree, True))
+register(Method("treeflash", "TreeFlash: each depth conditioned on the token before it by a small head, one pass",
+                _treeflash, True))
 
 
 def get_method(name: str) -> Method:

@@ -7,6 +7,14 @@ DDTREE_BUDGET = 64      # nodes verified per round (DDTree's common default)
 AUTO = "auto"           # `budget: auto`: the drafter drafts AUTO_CEILING nodes, the engine trims each round
 AUTO_CEILING = 128      #   to the size with the best expected tokens/s on this hardware (engine/budget.py)
 DDTREE_TOP_K = 0        # per-depth candidates; 0 = as many as the budget (no node can rank lower)
+TREEFLASH_BUDGET = 64       # nodes verified per round (TreeFlash's tree_size, less the root)
+TREEFLASH_TOP_M = 16        # candidate previous tokens per depth (treeflash_config.candidate_tokens)
+TREEFLASH_TOP_K = 16        # conditional children kept per (depth, candidate)
+TREEFLASH_TEMPERATURE = 1.0  # drafter temperature: rescales the heap's log-probs, not which tokens are kept
+TREEFLASH_SUPPORT_CPU = 64  # on a CPU, score each depth over its marginal top-64 only (0 = full vocabulary)
+TREEFLASH_TABLE_MAX = 2 ** 25  # largest vocab x 2I token table kept on a CPU (fp32: 128 MB)
 # the smallest valid value of numeric options, checked (with the types) before anything loads
 MINIMUM = {("pld", "max_ngram"): 1, ("pld", "min_ngram"): 1, ("pld", "draft_len"): 1, ("pld", "branches"): 1,
-           ("ddtree", "budget"): 1, ("ddtree", "top_k"): 0}
+           ("ddtree", "budget"): 1, ("ddtree", "top_k"): 0,
+           ("treeflash", "budget"): 1, ("treeflash", "top_m"): 1, ("treeflash", "top_k"): 1,
+           ("treeflash", "support"): 0}

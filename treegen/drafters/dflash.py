@@ -71,7 +71,11 @@ class BlockDrafter:
         if depth < 1:  # nothing fits; the context still has to reach the drafter's cache
             self.block.hidden(int(state.tokens[-1]))
             return DraftTree.empty(state.tokens.device)
-        logits = self.block.marginal_logits(int(state.tokens[-1]), depth)
+        return self.draft(int(state.tokens[-1]), depth)
+
+    def draft(self, anchor: int, depth: int) -> DraftTree:
+        """The tree from this round's one drafter pass; by default, from the marginals alone."""
+        logits = self.block.marginal_logits(anchor, depth)
         return self.tree(torch.log_softmax(logits, dim=-1))
 
     def tree(self, logp: torch.Tensor) -> DraftTree:

@@ -111,6 +111,8 @@ def load_dflash(name: str, dtype: torch.dtype = torch.float32, device="cpu") -> 
     config = read_config(folder)
     model = DFlashDrafter(config)
     state = read_state_dict(folder)
+    if "fc.weight" not in state and "model.fc.weight" in state:  # a TreeFlash checkpoint: use its backbone
+        state = read_state_dict(folder, prefix="model.")
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     if missing:

@@ -124,3 +124,45 @@ def target_cmd(tok_dir, data, out, steps, minutes, resume):
         model.save_pretrained(out)
         tok.save_pretrained(out)
     _log(f"target written to {out}")
+
+
+@train.command("treeflash")
+@click.option("--target", required=True, help="Target model: hub id or folder (frozen).")
+@click.option("--drafter", required=True, help="DFlash drafter (frozen backbone; a fresh head) or a TreeFlash "
+              "checkpoint (its head is trained further). `demo` = the shipped demo drafter.")
+@click.option("--data", "data", multiple=True, required=True, help="A token stream (.pt) or text files/folders.")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (published layout).")
+@click.option("--steps", default=2000, show_default=True, help="Maximum optimizer steps.")
+@click.option("--minutes", type=float, default=None, help="Wall-clock budget; the LR schedule follows it.")
+@click.option("--batch", default=8, show_default=True)
+@click.option("--seq-len", default=256, show_default=True)
+@click.option("--anchors", default=16, show_default=True, help="Random anchors (blocks) per sequence.")
+@click.option("--lr", default=1e-3, show_default=True)
+@click.option("--soft", default=0.0, show_default=True, help="Weight of KL to the target's own distribution.")
+@click.option("--heldout", "heldout", multiple=True, help="Held-out stream (.pt) or text: acceptance vs ddtree.")
+@click.option("--prompts", default=8, show_default=True, help="Held-out prompts for the acceptance estimate.")
+@click.option("--budgets", default="16,32,64", show_default=True, help="Tree budgets of the held-out comparison.")
+@click.option("--dtype", "save_dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32",
+              show_default=True, help="Dtype of the exported checkpoint.")
+@click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt.")
+@click.option("--seed", default=0, show_default=True)
+@guarded
+def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, anchors, lr, soft, heldout, prompts,
+                  budgets, save_dtype, resume, seed):
+    """Train TreeFlash's SwiGLU head on a frozen DFlash backbone; writes TreeFlash's published layout to OUT."""
+    from ..assets import DEMO_DRAFTER, demo_asset
+    from ..loading import DTYPES
+    from .treeflash import TreeFlashTrainConfig
+    from .treeflash_pipeline import train_treeflash_pipeline
+
+    if not 0 <= soft <= 1:
+        raise ValueError(f"--soft must be in [0, 1], got {soft}")
+    try:
+        budget_list = tuple(int(b) for b in budgets.split(","))
+    except ValueError:
+        raise ValueError(f"--budgets takes comma-separated integers, got {budgets!r}") from None
+    drafter = str(DEMO_DRAFTER) if drafter == "demo" else str(demo_asset(drafter) or drafter)
+    cfg = TreeFlashTrainConfig(batch=batch, seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
+                               max_seconds=_budget(minutes), soft=soft, seed=seed)
+    train_treeflash_pipeline(target, drafter, list(data), out, cfg, heldout=list(heldout), prompts=prompts,
+                             budgets=budget_list, save_dtype=DTYPES[save_dtype], resume=resume, log=_log)

@@ -80,26 +80,39 @@ def block_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torch.Tensor:
     return torch.cat([ctx_ok, blk_ok], dim=-1)[:, None]
 
 
-def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float):
-    """Position-weighted CE over every anchor's block; also returns top-1 accuracy per block position."""
+def block_states(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, normed: bool = True,
+                 features: torch.Tensor | None = None):
+    """The backbone pass over every anchor's block: states [b, n, B, H] and the true block tokens [b, n, B].
+    features: the target's context features of ids, if the caller already has them."""
     c, (b, seq_len) = drafter.config, ids.shape
     block, n = c.block_size, anchors.shape[1]
-    offsets = torch.arange(block)
-    pos = (anchors[..., None] + offsets).view(b, -1)                            # [b, nB]
+    pos = (anchors[..., None] + torch.arange(block)).view(b, -1)                # [b, nB]
     tokens = ids.gather(1, pos.clamp(max=seq_len - 1)).view(b, n, block)
     inputs = torch.full_like(tokens, c.mask_token_id)
     inputs[..., 0] = tokens[..., 0]
-    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    ctx = drafter.project_context(target_features(target, ids, c.target_layer_ids))
+    embed = target.get_input_embeddings()
+    if features is None:
+        features = target_features(target, ids, c.target_layer_ids)
+    ctx = drafter.project_context(features)
     hidden = drafter(embed(inputs.view(b, -1)), pos, ctx, torch.arange(seq_len)[None].expand(b, -1),
-                     mask=block_mask(anchors, seq_len, block))
-    logits = lm_head(hidden.view(b, n, block, -1)[:, :, 1:]).float()           # [b, n, B-1, V]
-    labels = tokens[..., 1:]
-    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
-    weights = torch.exp(-offsets[:-1].float() / gamma)
+                     mask=block_mask(anchors, seq_len, block), normed=normed)
+    return hidden.view(b, n, block, -1), tokens
+
+
+def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, gamma: float):
+    """CE over block positions 1..B-1 (last dim of labels), weighted exp(-(k-1)/gamma); top-1 acc per position."""
+    ce = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="none").view(labels.shape)
+    weights = torch.exp(-torch.arange(labels.shape[-1], dtype=torch.float) / gamma)
     loss = (ce * weights).sum(-1).mean() / weights.sum()
-    acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
+    acc = (logits.argmax(-1) == labels).float().flatten(0, -2).mean(dim=0)
     return loss, acc
+
+
+def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float):
+    """Position-weighted CE over every anchor's block; also returns top-1 accuracy per block position."""
+    hidden, tokens = block_states(drafter, target, ids, anchors)
+    logits = target.get_output_embeddings()(hidden[:, :, 1:]).float()           # [b, n, B-1, V]
+    return weighted_ce(logits, tokens[..., 1:], gamma)
 
 
 def freeze(target) -> None:

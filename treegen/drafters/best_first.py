@@ -1,0 +1,51 @@
+"""The best-first tree builder every tree method shares.
+
+A method hands over sorted child tables per (depth, row): log-probs [D, R, K] (descending along K), tokens
+[D, R, K], and links [D, R, K]: the row at depth d+1 whose table holds the children of a node that chose
+child k of (d, r), or -1 when that node is a leaf. The root's children are row 0 of depth 0. DDTree is
+R = 1 with every link 0 (all nodes of a depth share one marginal); TreeFlash links a token to its own
+conditional row. Siblings come from one row of one table, so they are distinct tokens by construction.
+"""
+from __future__ import annotations
+
+import heapq
+
+import torch
+
+from ..engine.tree import DraftTree
+
+
+def host_tables(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor) -> list:
+    """The three tables as nested lists, in one device-to-host copy (ids < 2**24 are exact in fp32)."""
+    return torch.stack([logp.float(), tokens.float(), links.float()]).cpu().tolist()
+
+
+def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, budget: int) -> DraftTree:
+    """The `budget` best path prefixes over linked child tables, parents first.
+
+    A node's score is the sum of the log-probs on its path. A popped node (d, r, k) pushes its next
+    sibling (d, r, k+1) and, if linked, its first child (d+1, link, 0); since each table is sorted, pops
+    come in order of score, so the result is exactly the top-`budget` prefixes.
+    """
+    depth_n, _, k = logp.shape
+    lp, tok, link = host_tables(logp, tokens, links)
+    heap = [(-lp[0][0][0], 0, 0, 0, -1, 0.0)]  # (-score, depth, row, rank, parent node, parent score)
+    out_tok, out_par, out_depth, out_score = [], [], [], []
+    while heap and len(out_tok) < budget:
+        neg, d, r, rank, parent, base = heapq.heappop(heap)
+        node = len(out_tok)
+        out_tok.append(int(tok[d][r][rank])), out_par.append(parent), out_depth.append(d + 1), out_score.append(-neg)
+        if rank + 1 < k:
+            heapq.heappush(heap, (-(base + lp[d][r][rank + 1]), d, r, rank + 1, parent, base))
+        nxt = int(link[d][r][rank])
+        if d + 1 < depth_n and nxt >= 0:
+            heapq.heappush(heap, (neg - lp[d + 1][nxt][0], d + 1, nxt, 0, node, -neg))
+    dev = logp.device
+    return DraftTree(torch.tensor(out_tok, device=dev), torch.tensor(out_par, device=dev),
+                     torch.tensor(out_depth, device=dev), torch.tensor(out_score, device=dev))
+
+
+def marginal_tree(logp: torch.Tensor, tokens: torch.Tensor, budget: int) -> DraftTree:
+    """DDTree's case: per-depth top-k [D, K], one row per depth, every node continues at the next depth."""
+    logp, tokens = logp[:, None], tokens[:, None]
+    return best_first(logp, tokens, torch.zeros_like(tokens), budget)

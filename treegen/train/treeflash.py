@@ -1,0 +1,90 @@
+"""Training TreeFlash's SwiGLU head on a frozen DFlash backbone (the recipe is not published; ours below).
+
+For random anchors a (as in DFlash training) the frozen backbone gives the pre-norm state h_k at block
+position k = 1..B-1. The head is teacher-forced on the TRUE previous token: it sees e(x_{a+k-1}) and h_k
+and predicts x_{a+k}, which is exactly the conditional the tree asks of it when the previous draft was
+right (the only case in which its children can be accepted). Loss: DFlash's position-weighted cross
+entropy, optionally mixed with the target's own distribution at that position (`soft`, a KL term).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..models.treeflash import TreeFlashModel, save_treeflash
+from .common import Schedule, fit, random_windows
+from .dflash import GAMMA_BY_BLOCK, block_states, freeze, sample_anchors, weighted_ce
+
+
+@dataclass(frozen=True)
+class TreeFlashTrainConfig:
+    batch: int = 8
+    seq_len: int = 256
+    anchors: int = 16
+    lr: float = 1e-3
+    max_steps: int = 2000
+    max_seconds: float = math.inf
+    gamma: float | None = None    # None: by block size (7 for B=16)
+    soft: float = 0.0             # weight of KL(target || head) against the hard labels
+    seed: int = 0
+    ckpt_every: int = 25
+
+
+def target_pass(target, ids: torch.Tensor, layer_ids):
+    """One frozen target forward: the drafter's context features and the target's own next-token logits."""
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1), out.logits
+
+
+def treeflash_loss(model: TreeFlashModel, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float,
+                   soft: float = 0.0):
+    """Position-weighted CE of the head's conditional at block positions 1..B-1, previous token teacher-forced."""
+    backbone = model.model
+    features, target_logits = target_pass(target, ids, backbone.config.target_layer_ids)
+    with torch.no_grad():  # the backbone is frozen: only the head learns
+        hidden, tokens = block_states(backbone, target, ids, anchors, normed=False, features=features)
+    prev = target.get_input_embeddings()(tokens[..., :-1])
+    logits = target.get_output_embeddings()(model.corrected(hidden[:, :, 1:], prev)).float()
+    loss, acc = weighted_ce(logits, tokens[..., 1:], gamma)
+    if soft:
+        block = tokens.shape[-1]
+        src = (anchors[..., None] + torch.arange(block - 1)).flatten(1)          # the row predicting x_{a+k}
+        p = target_logits.gather(1, src[..., None].expand(-1, -1, target_logits.shape[-1])).float()
+        kl = F.kl_div(torch.log_softmax(logits.flatten(1, 2), -1), torch.log_softmax(p, -1),
+                      log_target=True, reduction="none").sum(-1).view(tokens[..., 1:].shape)
+        weights = torch.exp(-torch.arange(block - 1, dtype=torch.float) / gamma)
+        loss = (1 - soft) * loss + soft * (kl * weights).sum(-1).mean() / weights.sum()
+    return loss, acc
+
+
+def train_treeflash(target, model: TreeFlashModel, stream: torch.Tensor, out_dir: Path, cfg: TreeFlashTrainConfig,
+                    resume: bool = False, save_dtype: torch.dtype | None = None):
+    """Train the head on random windows; checkpoints to out_dir/train_state.pt, exports the published layout."""
+    freeze(target)
+    for p in model.model.parameters():
+        p.requires_grad_(False)
+    model.model.eval()
+    head = model.ar_approximation
+    out_dir.mkdir(parents=True, exist_ok=True)
+    block = model.config.block_size
+    gamma = cfg.gamma or GAMMA_BY_BLOCK.get(block, block / 2.3)
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    gen = torch.Generator().manual_seed(cfg.seed)
+
+    def step_loss(g):
+        ids = random_windows(stream, cfg.batch, cfg.seq_len, g)
+        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block, g)
+        loss, acc = treeflash_loss(model, target, ids, anchors, gamma, cfg.soft)
+        return loss, cfg.batch * cfg.anchors * block, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
+
+    sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=25)
+    step, elapsed = fit(head, opt, sched, gen, out_dir / "train_state.pt", step_loss, resume=resume,
+                        ckpt_every=cfg.ckpt_every, on_checkpoint=lambda: save_treeflash(model, out_dir, save_dtype))
+    head.eval()
+    save_treeflash(model, out_dir, save_dtype)
+    return step, elapsed
