@@ -234,7 +234,7 @@ def test_bad_checkpoints_fail_in_one_line(target, tf_dir, tmp_path):
         build_drafter("treeflash", target, str(dflash_dir))
 
 
-@pytest.mark.parametrize("options, phrase", [({"budget": 0}, "budget must be >= 1"),
+@pytest.mark.parametrize("options, phrase", [({"budget": 0}, "budget'? must be >= 1"),
                                              ({"support": 4}, "support must be 0"),
                                              ({"temperature": 0.0}, "temperature must be > 0"),
                                              ({"support": "all"}, "support must be an integer")])
