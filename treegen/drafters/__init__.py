@@ -93,10 +93,7 @@ def check_options(method: Method, options: dict[str, Any]) -> dict[str, Any]:
         low = D.MINIMUM.get((method.name, key))
         if low is not None and isinstance(value, (int, float)) and value < low:  # types: the drafter says
             raise MethodError(f"method {method.name!r} option {key!r} must be >= {low}, got {shown(value)}")
-    merged = {**known, **options}
-    if merged.get("budget") == D.AUTO:
-        merged["budget"] = D.AUTO_CEILING
-    return merged
+    return {**known, **options}
 
 
 def auto_budget(options: dict | None) -> bool:
@@ -118,7 +115,10 @@ def build_drafter(name: str, target, drafter_path: str | None = None, options: d
     method = get_method(name)
     if method.needs_drafter and not drafter_path:
         raise MethodError(f"method {name!r} needs a drafter checkpoint (--drafter PATH)")
-    return method.build(target, drafter_path, **check_options(method, dict(options or {})))
+    options = check_options(method, dict(options or {}))
+    if auto_budget(options):  # the drafter drafts its ceiling; the engine trims each round (engine/budget.py)
+        options["budget"] = D.AUTO_CEILING
+    return method.build(target, drafter_path, **options)
 
 
 __all__ = ["METHODS", "Method", "MethodError", "auto_budget", "build_drafter", "check_options", "get_method", "register"]
