@@ -98,7 +98,7 @@ class ChatREPL:
         self.stdin, self.stdout, self.stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
         self.format = ChatFormat(generator.tokenizer)
         self.conversation = Conversation(system)
-        self.last, self.session, self.replies = None, None, 0
+        self.last, self.session, self.replies, self.measured = None, None, 0, 0   # measured: replies with stats
         self.last_prompt = self.prompt_total = 0
 
     def say(self, text: str) -> None:
@@ -195,7 +195,8 @@ class ChatREPL:
         try:
             self.sampling[name] = SAMPLING[name].parse(value, name)
         except OptionError as err:
-            self.say(f"/set: {err}; {name} stays {self.sampling.get(name)}")
+            now = self.sampling.get(name)
+            self.say(f"/set: {err}; {name} stays {'unset' if now is None else now}")
             return
         self.say(f"({name} = {self.sampling[name]})")
 
@@ -206,7 +207,8 @@ class ChatREPL:
             return
         self.say("last reply:\n" + summary(self.last, method=self.gen.method, prompt_tokens=self.last_prompt))
         self.say(f"session ({plural(self.replies, 'reply', 'replies')}):\n"
-                 + summary(self.session, method=self.gen.method, prompt_tokens=self.prompt_total))
+                 + summary(self.session, method=self.gen.method, prompt_tokens=self.prompt_total,
+                           prefills=self.measured))
 
     # ---- a reply ----------------------------------------------------------------------------------------
 
@@ -261,6 +263,7 @@ class ChatREPL:
     def record(self, stats, prompt_tokens: int) -> None:
         self.replies += 1
         if stats is not None:
+            self.measured += 1
             self.last, self.last_prompt = stats, prompt_tokens
             self.session = combined(self.session, stats)
             self.prompt_total += prompt_tokens
