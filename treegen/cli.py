@@ -307,7 +307,7 @@ def presets_list():
         try:
             line = presets_mod.load(str(path)).description
         except presets_mod.PresetError as err:
-            line = f"(invalid: {err})"
+            line = f"(invalid: {clip(str(err))})"
         click.echo(f"{name:<{width}}  {line}")
     if not found:
         click.echo("no presets found in " + ", ".join(map(str, presets_mod.search_dirs())), err=True)

@@ -10,6 +10,8 @@ import shlex
 import click
 from click.core import ParameterSource
 
+from ..cli_options import SpecType
+from ..validate import SAMPLING
 from .defaults import DEFAULT_REPEATS, DEFAULT_SEED, WARMUP_TOKENS
 from .prompts import DEFAULT_PROMPTS
 
@@ -38,7 +40,7 @@ treegen bench --target Qwen/Qwen3-8B --methods ar,pld --prompts chat --temperatu
                    f"separated by blank lines, or a built-in set: {DEFAULT_PROMPTS} (code, the default), chat.")
 @click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), metavar="N",
               help="Most new tokens per generation (default: the API's).")
-@click.option("--temperature", "--temp", "temperature", type=click.FloatRange(min=0), metavar="T",
+@click.option("--temperature", "--temp", "temperature", type=SpecType(SAMPLING["temperature"]), metavar="T",
               help="0 = greedy (the default), where every output must equal ar's token for token.")
 @click.option("--repeats", type=click.IntRange(min=1), default=DEFAULT_REPEATS, show_default=True, metavar="R",
               help="Passes over the prompts; speedups are medians over repeats.")
