@@ -79,6 +79,7 @@ USAGE = {
     "method option type": ("--method pld --method-option draft_len=long", "draft_len"),
     "method option no =": ("--method pld --method-option draft_len", "KEY=VALUE"),
     "threads zero": ("--threads 0", "--threads"),
+    "device map": ("--device-map foo", "--device-map"),
     "inline and file prompt": ("-p hi {tmp}/p.txt", "not both"),
 }
 

@@ -107,6 +107,18 @@ class DeviceType(click.ParamType):
         return value
 
 
+class DeviceMapType(click.ParamType):
+    """What transformers takes as a device_map string: a strategy, or one device for the whole model."""
+    name = "device_map"
+    strategies = ("auto", "balanced", "balanced_low_0", "sequential")
+
+    def convert(self, value, param, ctx):
+        if value not in self.strategies and not re.match(r"^(cpu|mps|cuda(:\d+)?|\d+)$", value):
+            raise click.UsageError(f"--device-map {shown(value)}: use {', '.join(self.strategies)} or a device "
+                                   f"(cpu, cuda:N)", ctx)
+        return value
+
+
 class MethodOptionType(click.ParamType):
     """KEY=VALUE, the value read as YAML reads a plain scalar (1, 0.5, true, text)."""
     name = "KEY=VALUE"
@@ -174,7 +186,8 @@ def model_options(f):
                      "fp32 on the CPU, bf16 on a GPU."),
         click.option("--load-in-8bit", is_flag=True, default=None, help="Load the target in 8 bits (bitsandbytes)."),
         click.option("--load-in-4bit", is_flag=True, default=None, help="Load the target in 4 bits (bitsandbytes)."),
-        click.option("--device-map", help="A transformers device_map, e.g. auto."),
+        click.option("--device-map", type=DeviceMapType(),
+                     help="A transformers device_map: auto, balanced, balanced_low_0, sequential or a device."),
         click.option("--threads", type=click.IntRange(min=1), metavar="N",
                      help="CPU threads for torch (default: torch's)."),
     ])
