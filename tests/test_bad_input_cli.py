@@ -109,6 +109,10 @@ def test_chat_usage_errors_exit_2_before_loading(flag, no_load):
     one_line(result, 2, flag.split()[0].lstrip("-")[:4])
 
 
+def test_non_utf8_system_prompt(no_load):
+    one_line(invoke("chat", "--system", "be \udcff brief"), 2, "--system is not valid UTF-8")   # as argv decodes \xff
+
+
 def test_non_utf8_stdin(no_load):
     result = CliRunner().invoke(cli, ["complete"], input=b"def f(\xff\xfe")
     one_line(result, 2, "not valid UTF-8")
