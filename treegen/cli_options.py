@@ -176,7 +176,8 @@ def model_options(f):
                                       "below override its values (another --method drops its method_options)."),
         click.option("-m", "--model", "--target", "target", metavar="HUB_ID|PATH",
                      help="Target model: a folder or an OWNER/NAME hub id (default: the shipped demo target)."),
-        click.option("--drafter", metavar="HUB_ID|PATH", help="Drafter checkpoint: folder or hub id."),
+        click.option("--drafter", metavar="HUB_ID|PATH", help="Drafter checkpoint: folder, hub id, or demo/NAME "
+                     "(a shipped demo-pair checkpoint, e.g. demo/dflash)."),
         click.option("--method", callback=check_method_name,
                      help="Drafting method (ar, pld, ...; default: the best the drafter allows)."),
         click.option("--method-option", "method_option", type=MethodOptionType(), multiple=True,
@@ -231,9 +232,20 @@ LOAD_FLAGS = ("device", "dtype", "device_map", "load_in_8bit", "load_in_4bit")
 def resolve_config(kw: dict) -> presets_mod.Preset:
     """The preset (or none), with the flags that were given on top: a new object, the preset untouched."""
     base = presets_mod.load(kw["preset"]) if kw.get("preset") else presets_mod.Preset()
-    return base.with_flags(target=kw.get("target"), drafter=kw.get("drafter"), method=kw.get("method"),
+    return base.with_flags(target=shipped(kw.get("target"), "target"), drafter=shipped(kw.get("drafter"), "drafter"),
+                           method=kw.get("method"),
                            method_options=dict(kw.get("method_option") or ()),
                            **{k: kw.get(k) for k in SAMPLING_FLAGS})
+
+
+def shipped(value: str | None, key: str) -> str | None:
+    """`demo` and `demo/NAME` name the shipped demo-pair checkpoints on the command line too, as in presets."""
+    from .assets import DEMO_DRAFTER, DEMO_TARGET, demo_asset
+
+    if value == "demo":
+        return str(DEMO_DRAFTER if key == "drafter" else DEMO_TARGET)
+    asset = demo_asset(value) if value else None
+    return str(asset) if asset is not None and asset.exists() and not Path(value).exists() else value
 
 
 def load_kwargs(kw: dict) -> dict:
