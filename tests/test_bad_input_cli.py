@@ -66,6 +66,9 @@ USAGE = {
     "prompt is a folder": ("{tmp}/folder", "folder"),
     "stats-json a folder": ("--stats-json {tmp}/folder", "--stats-json"),
     "stats-json under a file": ("--stats-json {tmp}/p.txt/s.json", "--stats-json"),
+    "stats-json empty": ("--stats-json=", "--stats-json needs a file path"),
+    "target empty": ("--target=", "empty"),
+    "prompt empty inline": ("-p=", "the prompt is empty"),
     "target mistyped folder": ("--target nosuchdir", "no such folder"),
     "target path missing": ("--target ./no/such/dir", "no such folder"),
     "drafter path missing": ("--method dflash --drafter ./no/such/dir", "no such folder"),
@@ -96,7 +99,7 @@ def one_line(result, code: int, phrase: str) -> None:
 def test_complete_usage_errors_exit_2_before_loading(case, tmp_path, no_load):
     files(tmp_path)
     args, phrase = USAGE[case]
-    given = args.startswith("{tmp}") or "-p " in args   # the row names its own prompt
+    given = args.startswith(("{tmp}", "-p"))   # the row names its own prompt
     args = args.format(tmp=tmp_path).split() + ([] if given else [str(tmp_path / "p.txt")])
     result = invoke("complete", *args)
     one_line(result, 2, phrase)
@@ -237,6 +240,12 @@ def test_chat_rejects_a_non_utf8_line_and_continues(tiny_model_dir):
     result = chat(tiny_model_dir, b"hello\n\xff\xfe\nagain\n/stats\n")
     assert result.exit_code == 0, result.output
     assert "not valid UTF-8" in result.stderr and "conversation: 4 messages (2 replies)" in result.stderr
+
+
+def test_chat_message_longer_than_the_context_is_refused_and_the_session_goes_on(tiny_model_dir):
+    result = chat(tiny_model_dir, "hello\n" + "word " * 2000 + "\nagain\n/stats\n")
+    assert result.exit_code == 0, result.output
+    assert "context holds 512" in result.stderr and "conversation: 4 messages (2 replies)" in result.stderr
 
 
 def test_chat_counts_after_clear(tiny_model_dir):

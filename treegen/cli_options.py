@@ -351,6 +351,8 @@ def check_output_path(path: str | None, flag: str) -> None:
     """An output file that cannot be written is a usage error found before the run, not after it."""
     if path in (None, "-"):
         return
+    if not path.strip():
+        raise click.UsageError(f"{flag} needs a file path (or - for stdout)")
     p = Path(path).expanduser()
     parent = p.resolve().parent
     if p.is_dir():
