@@ -68,7 +68,7 @@ USAGE = {
     "stats-json under a file": ("--stats-json {tmp}/p.txt/s.json", "--stats-json"),
     "stats-json empty": ("--stats-json=", "--stats-json needs a file path"),
     "target empty": ("--target=", "empty"),
-    "prompt empty inline": ("-p=", "the prompt is empty"),
+    "prompt empty inline": ("--prompt=", "the prompt is empty"),
     "target mistyped folder": ("--target nosuchdir", "no such folder"),
     "target path missing": ("--target ./no/such/dir", "no such folder"),
     "drafter path missing": ("--method dflash --drafter ./no/such/dir", "no such folder"),
@@ -99,7 +99,7 @@ def one_line(result, code: int, phrase: str) -> None:
 def test_complete_usage_errors_exit_2_before_loading(case, tmp_path, no_load):
     files(tmp_path)
     args, phrase = USAGE[case]
-    given = args.startswith(("{tmp}", "-p"))   # the row names its own prompt
+    given = args.startswith(("{tmp}", "-p", "--prompt"))   # the row names its own prompt
     args = args.format(tmp=tmp_path).split() + ([] if given else [str(tmp_path / "p.txt")])
     result = invoke("complete", *args)
     one_line(result, 2, phrase)
