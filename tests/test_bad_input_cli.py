@@ -31,6 +31,8 @@ def files(tmp: Path) -> None:
     (tmp / "empty.txt").write_text("")
     (tmp / "latin1.txt").write_bytes(b"def f(\xff\xfe")
     (tmp / "folder").mkdir()
+    (tmp / "model").mkdir()
+    (tmp / "model" / "config.json").write_text("{}")
     bomb = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
         f"{n}: &{n} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n" for p, n in zip("abcdef", "bcdefg"))
     (tmp / "bomb.yaml").write_text(bomb + "method: ar\ndescription: *g\n")
@@ -72,6 +74,7 @@ USAGE = {
     "target mistyped folder": ("--target nosuchdir", "no such folder"),
     "target path missing": ("--target ./no/such/dir", "no such folder"),
     "drafter path missing": ("--method dflash --drafter ./no/such/dir", "no such folder"),
+    "drafter needed": ("--target {tmp}/model --method ddtree", "needs a drafter"),
     "yaml alias bomb": ("--preset {tmp}/bomb.yaml", "alias"),
     "preset budget -4": ("--preset {tmp}/budget.yaml", "budget"),
     "preset top_p 5": ("--preset {tmp}/top_p.yaml", "top_p"),

@@ -172,12 +172,12 @@ def test_an_assistant_without_peers_is_a_usage_error(tiny_model_dir):
     (("--prompts", "BAD"), "bad.jsonl:2: not valid JSON"),
     (("--methods", "ar,dflash"), "needs a drafter"),
 ])
-def test_bad_input_is_one_line_and_exit_1(tiny_model_dir, tmp_path, args, message):
-    # (an output path that cannot be written is a usage error, exit 2: tests/test_bad_input_cli.py)
+def test_bad_input_is_one_usage_line(tiny_model_dir, tmp_path, args, message):
+    # found before anything loads, so a usage error (exit 2), as everywhere in treegen
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"prompt": \n')
     args = tuple(str(bad) if a == "BAD" else a for a in args)
     result = invoke(*args, "--target", tiny_model_dir)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("treegen: error: ") and message in lines[0], lines

@@ -277,7 +277,10 @@ def check_runnable(cfg: presets_mod.Preset) -> None:
     if cfg.drafter is not None:
         check_source(cfg.drafter, "drafter", needs_config=False)
     if cfg.method not in (None, "auto"):
-        check_options(get_method(cfg.method), dict(cfg.method_options))
+        method = get_method(cfg.method)
+        check_options(method, dict(cfg.method_options))
+        if method.needs_drafter and cfg.drafter is None and cfg.target is not None:  # (the demo target has one)
+            raise OptionError(f"method {cfg.method!r} needs a drafter checkpoint (--drafter PATH)")
     check_sampling(cfg.sampling.given())
 
 
