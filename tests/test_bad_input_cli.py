@@ -277,3 +277,22 @@ def test_the_defaults_are_the_engines():
     assert (SAMPLING["temperature"].default, SAMPLING["top_k"].default, SAMPLING["top_p"].default,
             SAMPLING["min_p"].default) == (sampling.DEFAULT_TEMPERATURE, sampling.DEFAULT_TOP_K,
                                            sampling.DEFAULT_TOP_P, sampling.DEFAULT_MIN_P)
+
+
+def test_ctrl_c_before_a_reply_streams_keeps_the_session():
+    from test_chat import FakeGenerator, run_repl
+
+    gen = FakeGenerator()
+    calls = []
+
+    def interrupted_once(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return FakeGenerator.stream(gen, *a, **k)
+
+    gen.stream = interrupted_once
+    repl, _, err = run_repl("first\nsecond\n", gen=gen)
+    assert "(interrupted; the conversation is unchanged)" in err
+    assert [t["role"] for t in repl.conversation.turns] == ["user", "assistant"]
+    assert repl.conversation.turns[0]["content"] == "second"

@@ -158,6 +158,8 @@ class ChatREPL:
             self.reply(line[1:] if line.startswith("//") else line)
         except BrokenPipeError:
             raise
+        except KeyboardInterrupt:  # Ctrl-C before the reply began streaming (a stream catches its own)
+            self.say("(interrupted; the conversation is unchanged)")
         except Exception as err:  # noqa: BLE001 (a bug or a bad value must not take the conversation)
             from .cli_options import one_line
 
@@ -202,7 +204,8 @@ class ChatREPL:
 
     def stats(self, _: str) -> None:
         replies = sum(turn["role"] == "assistant" for turn in self.conversation.turns)
-        self.say(f"conversation: {plural(len(self.conversation.turns), 'message', 'messages')} ({plural(replies, 'reply', 'replies')})")
+        messages = plural(len(self.conversation.turns), "message", "messages")
+        self.say(f"conversation: {messages} ({plural(replies, 'reply', 'replies')})")
         if self.last is None:
             return
         self.say("last reply:\n" + summary(self.last, method=self.gen.method, prompt_tokens=self.last_prompt))
@@ -235,7 +238,7 @@ class ChatREPL:
             parts, stopped = self.stream(ids)
         except BrokenPipeError:
             raise
-        except Exception:  # the engine's own checks (prompt too long, ...): the message is not kept
+        except BaseException:  # the engine's own checks (prompt too long, ...), Ctrl-C: the message is not kept
             self.conversation.turns.pop()
             raise
         self.conversation.add("assistant", "".join(parts).strip())
