@@ -166,6 +166,12 @@ def test_an_assistant_without_peers_is_a_usage_error(tiny_model_dir):
     assert result.exit_code == 2 and "--hf-assistant is a peer" in result.stderr
 
 
+def test_an_unwritable_json_path_is_a_usage_error_before_loading(tiny_model_dir):
+    result = invoke("--json", "/no/such/dir/b.json", "--target", tiny_model_dir)
+    assert result.exit_code == 2 and "the folder /no/such/dir does not exist" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("args, message", [
     (("--prompts", "missing.jsonl"), "--prompts missing.jsonl: no such file, nor a built-in set"),
     (("--methods", "ar,warp"), "unknown method or preset 'warp'"),
