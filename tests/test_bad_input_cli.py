@@ -31,6 +31,8 @@ def files(tmp: Path) -> None:
     (tmp / "empty.txt").write_text("")
     (tmp / "latin1.txt").write_bytes(b"def f(\xff\xfe")
     (tmp / "folder").mkdir()
+    (tmp / "model").mkdir()
+    (tmp / "model" / "config.json").write_text("{}")
     bomb = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
         f"{n}: &{n} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n" for p, n in zip("abcdef", "bcdefg"))
     (tmp / "bomb.yaml").write_text(bomb + "method: ar\ndescription: *g\n")
@@ -66,9 +68,13 @@ USAGE = {
     "prompt is a folder": ("{tmp}/folder", "folder"),
     "stats-json a folder": ("--stats-json {tmp}/folder", "--stats-json"),
     "stats-json under a file": ("--stats-json {tmp}/p.txt/s.json", "--stats-json"),
+    "stats-json empty": ("--stats-json=", "--stats-json needs a file path"),
+    "target empty": ("--target=", "empty"),
+    "prompt empty inline": ("--prompt=", "the prompt is empty"),
     "target mistyped folder": ("--target nosuchdir", "no such folder"),
     "target path missing": ("--target ./no/such/dir", "no such folder"),
     "drafter path missing": ("--method dflash --drafter ./no/such/dir", "no such folder"),
+    "drafter needed": ("--target {tmp}/model --method ddtree", "needs a drafter"),
     "yaml alias bomb": ("--preset {tmp}/bomb.yaml", "alias"),
     "preset budget -4": ("--preset {tmp}/budget.yaml", "budget"),
     "preset top_p 5": ("--preset {tmp}/top_p.yaml", "top_p"),
@@ -79,6 +85,7 @@ USAGE = {
     "method option type": ("--method pld --method-option draft_len=long", "draft_len"),
     "method option no =": ("--method pld --method-option draft_len", "KEY=VALUE"),
     "threads zero": ("--threads 0", "--threads"),
+    "device map": ("--device-map foo", "--device-map"),
     "inline and file prompt": ("-p hi {tmp}/p.txt", "not both"),
 }
 
@@ -95,7 +102,7 @@ def one_line(result, code: int, phrase: str) -> None:
 def test_complete_usage_errors_exit_2_before_loading(case, tmp_path, no_load):
     files(tmp_path)
     args, phrase = USAGE[case]
-    given = args.startswith("{tmp}") or "-p " in args   # the row names its own prompt
+    given = args.startswith(("{tmp}", "-p", "--prompt"))   # the row names its own prompt
     args = args.format(tmp=tmp_path).split() + ([] if given else [str(tmp_path / "p.txt")])
     result = invoke("complete", *args)
     one_line(result, 2, phrase)
@@ -106,6 +113,10 @@ def test_complete_usage_errors_exit_2_before_loading(case, tmp_path, no_load):
 def test_chat_usage_errors_exit_2_before_loading(flag, no_load):
     result = invoke("chat", *flag.split(), input="hello\n")
     one_line(result, 2, flag.split()[0].lstrip("-")[:4])
+
+
+def test_non_utf8_system_prompt(no_load):
+    one_line(invoke("chat", "--system", "be \udcff brief"), 2, "--system is not valid UTF-8")   # as argv decodes \xff
 
 
 def test_non_utf8_stdin(no_load):
@@ -234,6 +245,12 @@ def test_chat_rejects_a_non_utf8_line_and_continues(tiny_model_dir):
     assert "not valid UTF-8" in result.stderr and "conversation: 4 messages (2 replies)" in result.stderr
 
 
+def test_chat_message_longer_than_the_context_is_refused_and_the_session_goes_on(tiny_model_dir):
+    result = chat(tiny_model_dir, "hello\n" + "word " * 2000 + "\nagain\n/stats\n")
+    assert result.exit_code == 0, result.output
+    assert "context holds 512" in result.stderr and "conversation: 4 messages (2 replies)" in result.stderr
+
+
 def test_chat_counts_after_clear(tiny_model_dir):
     result = chat(tiny_model_dir, "hello\n/clear\n/stats\nagain\n/stats\n")
     assert "conversation: 0 messages (0 replies)" in result.stderr
@@ -260,3 +277,22 @@ def test_the_defaults_are_the_engines():
     assert (SAMPLING["temperature"].default, SAMPLING["top_k"].default, SAMPLING["top_p"].default,
             SAMPLING["min_p"].default) == (sampling.DEFAULT_TEMPERATURE, sampling.DEFAULT_TOP_K,
                                            sampling.DEFAULT_TOP_P, sampling.DEFAULT_MIN_P)
+
+
+def test_ctrl_c_before_a_reply_streams_keeps_the_session():
+    from test_chat import FakeGenerator, run_repl
+
+    gen = FakeGenerator()
+    calls = []
+
+    def interrupted_once(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return FakeGenerator.stream(gen, *a, **k)
+
+    gen.stream = interrupted_once
+    repl, _, err = run_repl("first\nsecond\n", gen=gen)
+    assert "(interrupted; the conversation is unchanged)" in err
+    assert [t["role"] for t in repl.conversation.turns] == ["user", "assistant"]
+    assert repl.conversation.turns[0]["content"] == "second"

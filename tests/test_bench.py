@@ -166,23 +166,24 @@ def test_an_assistant_without_peers_is_a_usage_error(tiny_model_dir):
     assert result.exit_code == 2 and "--hf-assistant is a peer" in result.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--prompts", "missing.jsonl"), "--prompts missing.jsonl: no such file, nor a built-in set"),
-    (("--methods", "ar,warp"), "unknown method or preset 'warp'"),
-    (("--prompts", "BAD"), "bad.jsonl:2: not valid JSON"),
-    (("--methods", "ar,dflash"), "needs a drafter"),
-])
 def test_an_unwritable_json_path_is_a_usage_error_before_loading(tiny_model_dir):
     result = invoke("--json", "/no/such/dir/b.json", "--target", tiny_model_dir)
     assert result.exit_code == 2 and "the folder /no/such/dir does not exist" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_bad_input_is_one_line_and_exit_1(tiny_model_dir, tmp_path, args, message):
+@pytest.mark.parametrize("args, message", [
+    (("--prompts", "missing.jsonl"), "--prompts missing.jsonl: no such file, nor a built-in set"),
+    (("--methods", "ar,warp"), "unknown method or preset 'warp'"),
+    (("--prompts", "BAD"), "bad.jsonl:2: not valid JSON"),
+    (("--methods", "ar,dflash"), "needs a drafter"),
+])
+def test_bad_input_is_one_usage_line(tiny_model_dir, tmp_path, args, message):
+    # found before anything loads, so a usage error (exit 2), as everywhere in treegen
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"prompt": \n')
     args = tuple(str(bad) if a == "BAD" else a for a in args)
     result = invoke(*args, "--target", tiny_model_dir)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("treegen: error: ") and message in lines[0], lines

@@ -66,3 +66,11 @@ def test_chat_into_a_closed_pipe_is_quiet(tiny_model_dir, tmp_path):
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, timeout=120, check=False, env=THIS_CHECKOUT)
     assert done.returncode == 0, (tmp_path / "err.txt").read_text()
     assert len((tmp_path / "out.txt").read_bytes()) == 10 and (tmp_path / "err.txt").read_text() == ""
+
+
+def test_demo_names_on_the_command_line(tmp_path):
+    from treegen.assets import DEMO_DRAFTER
+
+    result = invoke("complete", "-p", "def f(x):", "--method", "dflash", "--drafter", "demo/dflash", "-n", 3,
+                    "--stats-json", "-")
+    assert record_of(result)["drafter"] == str(DEMO_DRAFTER.resolve())

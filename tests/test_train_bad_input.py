@@ -6,7 +6,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from treegen.train.cli import train
+from treegen.cli import cli
 
 
 @pytest.fixture
@@ -37,8 +37,8 @@ def test_train_dflash_usage_errors(case, corpus, tiny_model_dir, monkeypatch):
     extra, phrase = BAD[case]
     out = corpus / "out"
     data = [] if "--data" in extra else ["--data", str(corpus / "text.txt")]
-    args = ["dflash", "--target", str(tiny_model_dir), *data, "--out", str(out), *extra.format(tmp=corpus).split()]
-    result = CliRunner().invoke(train, args)
+    args = ["train", "dflash", "--target", str(tiny_model_dir), *data, "--out", str(out), *extra.format(tmp=corpus).split()]
+    result = CliRunner().invoke(cli, args)   # through the top group, as a user runs it
     assert result.exit_code == 2, result.output
     assert phrase in result.output and "Traceback" not in result.output
     assert not out.exists()
@@ -46,9 +46,9 @@ def test_train_dflash_usage_errors(case, corpus, tiny_model_dir, monkeypatch):
 
 def test_short_data_is_one_line_and_leaves_no_folder(corpus, tiny_model_dir):
     out = corpus / "out"
-    args = ["dflash", "--target", str(tiny_model_dir), "--data", str(corpus / "text.txt"), "--out", str(out),
+    args = ["train", "dflash", "--target", str(tiny_model_dir), "--data", str(corpus / "text.txt"), "--out", str(out),
             "--seq-len", "512", "--block-size", "8", "--anchors", "4", "--steps", "2", "--layers", "1"]
-    result = CliRunner().invoke(train, args)
+    result = CliRunner().invoke(cli, args)   # through the top group, as a user runs it
     assert result.exit_code == 1 and "the training data is" in result.output, result.output
     assert "Traceback" not in result.output and not out.exists()
 

@@ -98,7 +98,7 @@ class ChatREPL:
         self.stdin, self.stdout, self.stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
         self.format = ChatFormat(generator.tokenizer)
         self.conversation = Conversation(system)
-        self.last, self.session, self.replies = None, None, 0
+        self.last, self.session, self.replies, self.measured = None, None, 0, 0   # measured: replies with stats
         self.last_prompt = self.prompt_total = 0
 
     def say(self, text: str) -> None:
@@ -158,6 +158,8 @@ class ChatREPL:
             self.reply(line[1:] if line.startswith("//") else line)
         except BrokenPipeError:
             raise
+        except KeyboardInterrupt:  # Ctrl-C before the reply began streaming (a stream catches its own)
+            self.say("(interrupted; the conversation is unchanged)")
         except Exception as err:  # noqa: BLE001 (a bug or a bad value must not take the conversation)
             from .cli_options import one_line
 
@@ -195,18 +197,21 @@ class ChatREPL:
         try:
             self.sampling[name] = SAMPLING[name].parse(value, name)
         except OptionError as err:
-            self.say(f"/set: {err}; {name} stays {self.sampling.get(name)}")
+            now = self.sampling.get(name)
+            self.say(f"/set: {err}; {name} stays {'unset' if now is None else now}")
             return
         self.say(f"({name} = {self.sampling[name]})")
 
     def stats(self, _: str) -> None:
         replies = sum(turn["role"] == "assistant" for turn in self.conversation.turns)
-        self.say(f"conversation: {plural(len(self.conversation.turns), 'message', 'messages')} ({plural(replies, 'reply', 'replies')})")
+        messages = plural(len(self.conversation.turns), "message", "messages")
+        self.say(f"conversation: {messages} ({plural(replies, 'reply', 'replies')})")
         if self.last is None:
             return
         self.say("last reply:\n" + summary(self.last, method=self.gen.method, prompt_tokens=self.last_prompt))
         self.say(f"session ({plural(self.replies, 'reply', 'replies')}):\n"
-                 + summary(self.session, method=self.gen.method, prompt_tokens=self.prompt_total))
+                 + summary(self.session, method=self.gen.method, prompt_tokens=self.prompt_total,
+                           prefills=self.measured))
 
     # ---- a reply ----------------------------------------------------------------------------------------
 
@@ -233,7 +238,7 @@ class ChatREPL:
             parts, stopped = self.stream(ids)
         except BrokenPipeError:
             raise
-        except Exception:  # the engine's own checks (prompt too long, ...): the message is not kept
+        except BaseException:  # the engine's own checks (prompt too long, ...), Ctrl-C: the message is not kept
             self.conversation.turns.pop()
             raise
         self.conversation.add("assistant", "".join(parts).strip())
@@ -261,6 +266,7 @@ class ChatREPL:
     def record(self, stats, prompt_tokens: int) -> None:
         self.replies += 1
         if stats is not None:
+            self.measured += 1
             self.last, self.last_prompt = stats, prompt_tokens
             self.session = combined(self.session, stats)
             self.prompt_total += prompt_tokens

@@ -277,8 +277,10 @@ def chat(system, **kw):
     Commands: /help /clear /stats /set /exit. Ctrl-C stops the current reply (what came so far stays in
     the history); Ctrl-D leaves. A closed stdout (`| head`) ends the session quietly.
     """
-    from .chat import ChatREPL
+    from .chat import ChatREPL, valid_utf8
 
+    if system is not None and not valid_utf8(system):
+        raise click.UsageError("--system is not valid UTF-8")
     cfg, gen = setup(kw)
     repl = ChatREPL(gen, cfg.sampling.resolved(), system=system, live=not kw["no_live"], quiet=kw["quiet"],
                     color=kw["color"])
@@ -307,7 +309,7 @@ def presets_list():
         try:
             line = presets_mod.load(str(path)).description
         except presets_mod.PresetError as err:
-            line = f"(invalid: {err})"
+            line = f"(invalid: {clip(str(err))})"
         click.echo(f"{name:<{width}}  {line}")
     if not found:
         click.echo("no presets found in " + ", ".join(map(str, presets_mod.search_dirs())), err=True)

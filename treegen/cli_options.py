@@ -107,6 +107,18 @@ class DeviceType(click.ParamType):
         return value
 
 
+class DeviceMapType(click.ParamType):
+    """What transformers takes as a device_map string: a strategy, or one device for the whole model."""
+    name = "device_map"
+    strategies = ("auto", "balanced", "balanced_low_0", "sequential")
+
+    def convert(self, value, param, ctx):
+        if value not in self.strategies and not re.match(r"^(cpu|mps|cuda(:\d+)?|\d+)$", value):
+            raise click.UsageError(f"--device-map {shown(value)}: use {', '.join(self.strategies)} or a device "
+                                   f"(cpu, cuda:N)", ctx)
+        return value
+
+
 class MethodOptionType(click.ParamType):
     """KEY=VALUE, the value read as YAML reads a plain scalar (1, 0.5, true, text)."""
     name = "KEY=VALUE"
@@ -164,7 +176,8 @@ def model_options(f):
                                       "below override its values (another --method drops its method_options)."),
         click.option("-m", "--model", "--target", "target", metavar="HUB_ID|PATH",
                      help="Target model: a folder or an OWNER/NAME hub id (default: the shipped demo target)."),
-        click.option("--drafter", metavar="HUB_ID|PATH", help="Drafter checkpoint: folder or hub id."),
+        click.option("--drafter", metavar="HUB_ID|PATH", help="Drafter checkpoint: folder, hub id, or demo/NAME "
+                     "(a shipped demo-pair checkpoint, e.g. demo/dflash)."),
         click.option("--method", callback=check_method_name,
                      help="Drafting method (ar, pld, ...; default: the best the drafter allows)."),
         click.option("--method-option", "method_option", type=MethodOptionType(), multiple=True,
@@ -174,7 +187,8 @@ def model_options(f):
                      "fp32 on the CPU, bf16 on a GPU."),
         click.option("--load-in-8bit", is_flag=True, default=None, help="Load the target in 8 bits (bitsandbytes)."),
         click.option("--load-in-4bit", is_flag=True, default=None, help="Load the target in 4 bits (bitsandbytes)."),
-        click.option("--device-map", help="A transformers device_map, e.g. auto."),
+        click.option("--device-map", type=DeviceMapType(),
+                     help="A transformers device_map: auto, balanced, balanced_low_0, sequential or a device."),
         click.option("--threads", type=click.IntRange(min=1), metavar="N",
                      help="CPU threads for torch (default: torch's)."),
     ])
@@ -218,9 +232,20 @@ LOAD_FLAGS = ("device", "dtype", "device_map", "load_in_8bit", "load_in_4bit")
 def resolve_config(kw: dict) -> presets_mod.Preset:
     """The preset (or none), with the flags that were given on top: a new object, the preset untouched."""
     base = presets_mod.load(kw["preset"]) if kw.get("preset") else presets_mod.Preset()
-    return base.with_flags(target=kw.get("target"), drafter=kw.get("drafter"), method=kw.get("method"),
+    return base.with_flags(target=shipped(kw.get("target"), "target"), drafter=shipped(kw.get("drafter"), "drafter"),
+                           method=kw.get("method"),
                            method_options=dict(kw.get("method_option") or ()),
                            **{k: kw.get(k) for k in SAMPLING_FLAGS})
+
+
+def shipped(value: str | None, key: str) -> str | None:
+    """`demo` and `demo/NAME` name the shipped demo-pair checkpoints on the command line too, as in presets."""
+    from .assets import DEMO_DRAFTER, DEMO_TARGET, demo_asset
+
+    if value == "demo":
+        return str(DEMO_DRAFTER if key == "drafter" else DEMO_TARGET)
+    asset = demo_asset(value) if value else None
+    return str(asset) if asset is not None and asset.exists() and not Path(value).exists() else value
 
 
 def load_kwargs(kw: dict) -> dict:
@@ -252,7 +277,10 @@ def check_runnable(cfg: presets_mod.Preset) -> None:
     if cfg.drafter is not None:
         check_source(cfg.drafter, "drafter", needs_config=False)
     if cfg.method not in (None, "auto"):
-        check_options(get_method(cfg.method), dict(cfg.method_options))
+        method = get_method(cfg.method)
+        check_options(method, dict(cfg.method_options))
+        if method.needs_drafter and cfg.drafter is None and cfg.target is not None:  # (the demo target has one)
+            raise OptionError(f"method {cfg.method!r} needs a drafter checkpoint (--drafter PATH)")
     check_sampling(cfg.sampling.given())
 
 
@@ -326,6 +354,8 @@ def check_output_path(path: str | None, flag: str) -> None:
     """An output file that cannot be written is a usage error found before the run, not after it."""
     if path in (None, "-"):
         return
+    if not path.strip():
+        raise click.UsageError(f"{flag} needs a file path (or - for stdout)")
     p = Path(path).expanduser()
     parent = p.resolve().parent
     if p.is_dir():

@@ -197,15 +197,16 @@ def time_split(split: dict[str, float], wall: float) -> str:
     return " | ".join(part(name) for name in split)
 
 
-def summary(stats, *, method: str, prompt_tokens: int) -> str:
-    """Aligned lines: times, acceptance, per-position acceptance, the time split."""
+def summary(stats, *, method: str, prompt_tokens: int, prefills: int = 1) -> str:
+    """Aligned lines: times, acceptance, per-position acceptance, the time split. `prefills`: generations
+    summed in `stats` (a chat session), each of whose first token came with its prompt eval."""
     d = stats.to_dict()
     rate = stats.accepted_drafts / stats.drafted if stats.drafted else 0.0
     rows = [
         ("method", f"{method}, finish = {stats.finish}"),
         ("prompt eval time", _timing(stats.time_prefill, prompt_tokens)),
         # as llama.cpp's "eval time": after the prompt eval, whose forward also gives the first token
-        ("eval time", _timing(max(stats.wall_time - stats.time_prefill, 0.0), max(stats.new_tokens - 1, 0))),
+        ("eval time", _timing(max(stats.wall_time - stats.time_prefill, 0.0), max(stats.new_tokens - prefills, 0))),
         ("total time", f"{_ms(stats.wall_time)} / {stats.new_tokens:5d} tokens"),
         ("rounds", f"{stats.rounds}, mean acceptance length = {stats.mean_accepted_length:.2f} tokens/round, "
                    + f"mean tree size = {d['mean_tree_size']:.1f}"),

@@ -10,6 +10,8 @@ import shlex
 import click
 from click.core import ParameterSource
 
+from ..cli_options import SpecType
+from ..validate import SAMPLING
 from .defaults import DEFAULT_REPEATS, DEFAULT_SEED, WARMUP_TOKENS
 from .prompts import DEFAULT_PROMPTS
 
@@ -38,7 +40,7 @@ treegen bench --target Qwen/Qwen3-8B --methods ar,pld --prompts chat --temperatu
                    f"separated by blank lines, or a built-in set: {DEFAULT_PROMPTS} (code, the default), chat.")
 @click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), metavar="N",
               help="Most new tokens per generation (default: the API's).")
-@click.option("--temperature", "--temp", "temperature", type=click.FloatRange(min=0), metavar="T",
+@click.option("--temperature", "--temp", "temperature", type=SpecType(SAMPLING["temperature"]), metavar="T",
               help="0 = greedy (the default), where every output must equal ar's token for token.")
 @click.option("--repeats", type=click.IntRange(min=1), default=DEFAULT_REPEATS, show_default=True, metavar="R",
               help="Passes over the prompts; speedups are medians over repeats.")
@@ -72,10 +74,26 @@ def bench(ctx, debug, **kw):
         raise click.UsageError("--hf-assistant is a peer: drop --no-peers", ctx=ctx)
     check_output_path(kw["json_path"], "--json")    # before the run, not after it
     check_output_path(kw["plot_path"], "--plot")
+    check_inputs(kw)
     with failures(debug):
         from .session import run_bench
 
         run_bench(kw, command_line(ctx))
+
+
+def check_inputs(kw: dict) -> None:
+    """Prompts and --methods entries (methods, presets, their options, drafters): a problem is a usage
+    error (exit 2), found before any model loads. run_bench() resolves them again, at no cost."""
+    from ..cli_options import clip
+    from .methods import MethodSpecError, default_methods, resolve, split_list
+    from .prompts import PromptError, load_prompts
+
+    try:
+        load_prompts(kw["prompts"] or DEFAULT_PROMPTS, kw["limit"])
+        names = split_list(kw["methods"]) if kw["methods"] else default_methods(kw["target"], kw["drafter"])
+        resolve(names, kw["target"], kw["drafter"])
+    except (MethodSpecError, PromptError) as err:
+        raise click.UsageError(clip(str(err))) from None
 
 
 def command_line(ctx: click.Context) -> str:
