@@ -326,3 +326,11 @@ def test_shipped_demo_head_is_exact_and_keeps_the_demo_backbone():
             assert [t for r in rounds for t in r.tokens] == ref, (method, text)
             accepted[method] += sum(r.accepted for r in rounds)
     assert accepted["treeflash"] > 0 and accepted["ddtree"] > 0, accepted
+
+
+def test_demo_names_resolve_to_shipped_checkpoints():
+    from treegen.models.checkpoint import resolve_checkpoint
+
+    assert resolve_checkpoint("demo/treeflash").name == "treeflash"
+    with pytest.raises(CheckpointError, match="no such shipped demo checkpoint"):
+        resolve_checkpoint("demo/nothing")
