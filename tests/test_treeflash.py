@@ -298,3 +298,39 @@ def test_ddtree_runs_on_a_treeflash_checkpoints_backbone(target, tf_dir):
     """The same backbone with and without the head: ddtree reads a TreeFlash checkpoint too."""
     dd = build_drafter("ddtree", target, str(tf_dir))
     assert torch.equal(dd.block.model.fc.weight, load_treeflash(str(tf_dir)).model.fc.weight)
+
+
+# --- the shipped demo checkpoint ---------------------------------------------------------------------------
+
+def test_shipped_demo_head_is_exact_and_keeps_the_demo_backbone():
+    from test_demo_pair import PROMPTS
+
+    from treegen.assets import DEMO_DRAFTER, DEMO_TARGET, demo_asset
+    from treegen.loading import eos_ids, load_target
+    from treegen.models.checkpoint import load_dflash
+
+    folder = demo_asset("demo/treeflash")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["treeflash_config"]["ar_approximation"] == "swiglu" and cfg["dtype"] == "float16"
+    shipped, demo = load_treeflash(str(folder), torch.float16), load_dflash(str(DEMO_DRAFTER), torch.float16)
+    assert all(torch.equal(shipped.model.state_dict()[k], v) for k, v in demo.state_dict().items())
+    model, tok = load_target(str(DEMO_TARGET), dtype="fp32", device="cpu")
+    prompts = [torch.tensor(tok(text)["input_ids"]) for text in PROMPTS]
+    refs = [model.generate(p[None], max_new_tokens=32, do_sample=False)[0, p.numel():].tolist() for p in prompts]
+    accepted = {}
+    for method in ("ddtree", "treeflash"):
+        drafter = build_drafter(method, model, str(folder))
+        accepted[method] = 0
+        for text, prompt, ref in zip(PROMPTS, prompts, refs):
+            rounds = list(generate(model, drafter, prompt, GenerationConfig(32, eos_token_ids=eos_ids(model, tok))))
+            assert [t for r in rounds for t in r.tokens] == ref, (method, text)
+            accepted[method] += sum(r.accepted for r in rounds)
+    assert accepted["treeflash"] > 0 and accepted["ddtree"] > 0, accepted
+
+
+def test_demo_names_resolve_to_shipped_checkpoints():
+    from treegen.models.checkpoint import resolve_checkpoint
+
+    assert resolve_checkpoint("demo/treeflash").name == "treeflash"
+    with pytest.raises(CheckpointError, match="no such shipped demo checkpoint"):
+        resolve_checkpoint("demo/nothing")
