@@ -49,6 +49,19 @@ def _ddtree(target, drafter_path, *, budget: int = D.DDTREE_BUDGET, top_k: int =
     return DDTreeDrafter(load_block(target, drafter_path), budget, top_k)
 
 
+def _domino(target, drafter_path):
+    from .domino import DominoDrafter, load_head_block
+    return DominoDrafter(*load_head_block(target, drafter_path))
+
+
+def _dartree(target, drafter_path, *, budget: int = D.DARTREE_BUDGET, candidates: int = D.DARTREE_CANDIDATES,
+             width: int = D.DARTREE_WIDTH, depth_bonus: float = D.DARTREE_DEPTH_BONUS,
+             variant: str = D.DARTREE_VARIANT):
+    from .dartree import DARTreeDrafter
+    from .domino import load_head_block
+    return DARTreeDrafter(*load_head_block(target, drafter_path), budget, candidates, width, depth_bonus, variant)
+
+
 METHODS: dict[str, Method] = {}
 
 
@@ -60,6 +73,8 @@ register(Method("ar", "plain decoding, no drafts (the baseline of every speedup)
 register(Method("pld", "prompt lookup: n-gram matches in the text so far, as a chain or a tree", _pld))
 register(Method("dflash", "DFlash block diffusion: one drafter pass, a chain of B-1 tokens", _dflash, True))
 register(Method("ddtree", "marginal tree from one DFlash pass, best-first to a node budget", _ddtree, True))
+register(Method("domino", "DFlash pass + Domino's GRU correction head along the chain", _domino, True))
+register(Method("dartree", "Domino's head grown into a tree, all parents of a depth scored at once", _dartree, True))
 
 
 def get_method(name: str) -> Method:
