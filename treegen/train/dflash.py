@@ -59,8 +59,8 @@ def build_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig, seed: int 
 
 
 def target_features(target, ids: torch.Tensor, layer_ids) -> torch.Tensor:
-    with torch.no_grad():
-        hs = target(input_ids=ids, output_hidden_states=True).hidden_states
+    with torch.no_grad():  # the decoder alone: the target's logits over the whole vocabulary are not needed
+        hs = target.get_decoder()(input_ids=ids, output_hidden_states=True).hidden_states
     return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
 
 
@@ -80,24 +80,40 @@ def block_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torch.Tensor:
     return torch.cat([ctx_ok, blk_ok], dim=-1)[:, None]
 
 
-def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float):
-    """Position-weighted CE over every anchor's block; also returns top-1 accuracy per block position."""
+def block_pass(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, extra_labels: int = 0):
+    """The backbone over every anchor's block [x_a, MASK...] (the part every block recipe shares): block states
+    [b, n, B, H] and the true tokens x_a .. x_{a+B-1+extra_labels} [b, n, B+extra_labels]."""
     c, (b, seq_len) = drafter.config, ids.shape
     block, n = c.block_size, anchors.shape[1]
-    offsets = torch.arange(block)
-    pos = (anchors[..., None] + offsets).view(b, -1)                            # [b, nB]
-    tokens = ids.gather(1, pos.clamp(max=seq_len - 1)).view(b, n, block)
-    inputs = torch.full_like(tokens, c.mask_token_id)
+    pos = (anchors[..., None] + torch.arange(block)).view(b, -1)                # [b, nB]
+    span = (anchors[..., None] + torch.arange(block + extra_labels)).view(b, -1)
+    tokens = ids.gather(1, span.clamp(max=seq_len - 1)).view(b, n, -1)
+    inputs = torch.full_like(tokens[..., :block], c.mask_token_id)
     inputs[..., 0] = tokens[..., 0]
-    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    embed = target.get_input_embeddings()
     ctx = drafter.project_context(target_features(target, ids, c.target_layer_ids))
-    hidden = drafter(embed(inputs.view(b, -1)), pos, ctx, torch.arange(seq_len)[None].expand(b, -1),
+    hidden = drafter(embed(inputs.reshape(b, -1)), pos, ctx, torch.arange(seq_len)[None].expand(b, -1),
                      mask=block_mask(anchors, seq_len, block))
-    logits = lm_head(hidden.view(b, n, block, -1)[:, :, 1:]).float()           # [b, n, B-1, V]
+    return hidden.view(b, n, block, -1), tokens
+
+
+def position_weights(n: int, gamma: float) -> torch.Tensor:
+    """exp(-k/gamma) for the k-th draft: early positions, which every accepted prefix needs, count most."""
+    return torch.exp(-torch.arange(n).float() / gamma)
+
+
+def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Cross entropy per draft position [.., D, V] weighted by `weights` [D], normalised by their sum."""
+    ce = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="none").view(labels.shape)
+    return (ce * weights).sum(-1).mean() / weights.sum()
+
+
+def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float):
+    """Position-weighted CE over every anchor's block; also returns top-1 accuracy per block position."""
+    hidden, tokens = block_pass(drafter, target, ids, anchors)
+    logits = target.get_output_embeddings()(hidden[:, :, 1:]).float()         # [b, n, B-1, V]
     labels = tokens[..., 1:]
-    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
-    weights = torch.exp(-offsets[:-1].float() / gamma)
-    loss = (ce * weights).sum(-1).mean() / weights.sum()
+    loss = weighted_ce(logits, labels, position_weights(labels.shape[-1], gamma))
     acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
     return loss, acc
 
