@@ -67,7 +67,7 @@ class HeadTables:
     def __init__(self, head: DominoHead, embed: torch.Tensor):
         hidden = embed.shape[1]
         fc1, fc2 = head.embed_proj[0].weight.detach(), head.embed_proj[2].weight.detach()
-        self.w_z, self.w_s, self.w2 = fc1[:, :hidden], fc1[:, hidden:], fc2
+        self.w_z, self.w_s, self.w2 = fc1[:, :hidden].contiguous(), fc1[:, hidden:].contiguous(), fc2
         self.w_hh = head.prefix_gru.weight_hh_l0.detach()
         self.gru_in = embed.detach() @ head.prefix_gru.weight_ih_l0.detach().T   # [V, 3G]
         self.config = head.config

@@ -39,6 +39,7 @@ class DominoTrainConfig:
     max_steps: int = 2000
     max_seconds: float = math.inf
     decay: float = 0.3        # joint: the fraction of training over which lambda falls from 1 to 0
+    warmup: int = 20          # LR warm-up steps (CPU runs here are a few hundred steps long)
     gamma: float | None = None
     seed: int = 0
     ckpt_every: int = 50
@@ -98,7 +99,7 @@ def train_domino(target, backbone: DFlashDrafter, head: DominoHead, stream: torc
     gamma = cfg.gamma or GAMMA_BY_BLOCK.get(block, block / 2.3)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
-    sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=50)
+    sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=cfg.warmup)
     clock = Clock(ckpt if resume else None)
 
     def step_loss(g):
