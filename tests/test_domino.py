@@ -219,3 +219,24 @@ def test_sampling_matches_target_distribution(tmp_path):
     counts, deep = first_three(model, drafter, sampler, 1_500, seed=3)
     stat, threshold = chi_square(counts, exact_joint(model, sampler))
     assert deep > 100 and stat < threshold, (deep, stat, threshold)
+
+
+# --- the shipped demo checkpoint -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method, options", [("domino", {}), ("dartree", {"width": 24})])
+def test_shipped_demo_head_is_exact_and_drafts_well(method, options):
+    from test_demo_pair import PROMPTS
+
+    from treegen.assets import demo_asset
+    from treegen.loading import eos_ids, load_target
+
+    model, tok = load_target(str(demo_asset("demo/target")), dtype="fp32", device="cpu")
+    drafter = build_drafter(method, model, str(demo_asset("demo/domino")), options)
+    tokens = rounds = 0
+    for text in PROMPTS:
+        prompt = torch.tensor(tok(text)["input_ids"])
+        ref = model.generate(prompt[None], max_new_tokens=32, do_sample=False)[0, prompt.numel():].tolist()
+        out = list(generate(model, drafter, prompt, GenerationConfig(32, eos_token_ids=eos_ids(model, tok))))
+        assert [t for r in out for t in r.tokens] == ref, text
+        tokens, rounds = tokens + sum(r.accepted for r in out[1:]), rounds + len(out) - 1
+    assert tokens / rounds > 0.25  # drafts are accepted (held-out tau is measured by the trainer, not here)

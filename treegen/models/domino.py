@@ -74,10 +74,10 @@ class HeadTables:
 
     def gru_step(self, tokens: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """One GRU cell step for a batch: tokens [n], h [n, G] -> [n, G] (PyTorch's r, z, n gates)."""
-        i_r, i_z, i_n = self.gru_in[tokens].chunk(3, dim=-1)
-        h_r, h_z, h_n = (h @ self.w_hh.T).chunk(3, dim=-1)
-        r, update = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
-        return (1 - update) * torch.tanh(i_n + r * h_n) + update * h
+        gi, gh, g = self.gru_in[tokens], h @ self.w_hh.T, h.shape[-1]
+        r, update = torch.sigmoid(gi[:, :2 * g] + gh[:, :2 * g]).chunk(2, dim=-1)  # both gates in one op
+        candidate = torch.tanh(gi[:, 2 * g:] + r * gh[:, 2 * g:])
+        return candidate + update * (h - candidate)  # = (1 - update) * candidate + update * h
 
     def root_state(self, anchor: torch.Tensor) -> torch.Tensor:
         """[1, G]: the GRU from zero after reading the anchor."""
