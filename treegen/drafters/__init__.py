@@ -57,6 +57,19 @@ def _treeflash(target, drafter_path, *, budget: int = D.TREEFLASH_BUDGET, top_m:
     return TreeFlashDrafter(*load_treeflash_block(target, drafter_path), budget, top_m, top_k, temperature, support)
 
 
+def _domino(target, drafter_path):
+    from .domino import DominoDrafter, load_head_block
+    return DominoDrafter(*load_head_block(target, drafter_path))
+
+
+def _dartree(target, drafter_path, *, budget: int = D.DARTREE_BUDGET, candidates: int = D.DARTREE_CANDIDATES,
+             width: int = D.DARTREE_WIDTH, depth_bonus: float = D.DARTREE_DEPTH_BONUS,
+             variant: str = D.DARTREE_VARIANT):
+    from .dartree import DARTreeDrafter
+    from .domino import load_head_block
+    return DARTreeDrafter(*load_head_block(target, drafter_path), budget, candidates, width, depth_bonus, variant)
+
+
 METHODS: dict[str, Method] = {}
 
 
@@ -70,6 +83,8 @@ register(Method("dflash", "DFlash block diffusion: one drafter pass, a chain of 
 register(Method("ddtree", "marginal tree from one DFlash pass, best-first to a node budget", _ddtree, True))
 register(Method("treeflash", "TreeFlash: each depth conditioned on the token before it by a small head, one pass",
                 _treeflash, True))
+register(Method("domino", "DFlash pass + Domino's GRU correction head along the chain", _domino, True))
+register(Method("dartree", "Domino's head grown into a tree, all parents of a depth scored at once", _dartree, True))
 
 
 def get_method(name: str) -> Method:

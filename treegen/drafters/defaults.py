@@ -7,6 +7,11 @@ DDTREE_BUDGET = 64      # nodes verified per round (DDTree's common default)
 AUTO = "auto"           # `budget: auto`: the drafter drafts AUTO_CEILING nodes, the engine trims each round
 AUTO_CEILING = 128      #   to the size with the best expected tokens/s on this hardware (engine/budget.py)
 DDTREE_TOP_K = 0        # per-depth candidates; 0 = as many as the budget (no node can rank lower)
+DARTREE_BUDGET = 64     # nodes verified per round (DARTree's published setting)
+DARTREE_CANDIDATES = 64  # candidate support per depth: the top base-logit tokens
+DARTREE_WIDTH = 12      # pruned: children kept per depth before the global cut
+DARTREE_DEPTH_BONUS = -0.2  # pruned: added per depth to the path score in the global cut
+DARTREE_VARIANT = "pruned"
 TREEFLASH_BUDGET = 64       # nodes verified per round (TreeFlash's tree_size, less the root)
 TREEFLASH_TOP_M = 16        # candidate previous tokens per depth (treeflash_config.candidate_tokens)
 TREEFLASH_TOP_K = 16        # conditional children kept per (depth, candidate)
@@ -17,4 +22,5 @@ TREEFLASH_TABLE_MAX = 2 ** 25  # largest vocab x 2I token table kept on a CPU (f
 MINIMUM = {("pld", "max_ngram"): 1, ("pld", "min_ngram"): 1, ("pld", "draft_len"): 1, ("pld", "branches"): 1,
            ("ddtree", "budget"): 1, ("ddtree", "top_k"): 0,
            ("treeflash", "budget"): 1, ("treeflash", "top_m"): 1, ("treeflash", "top_k"): 1,
-           ("treeflash", "support"): 0}
+           ("treeflash", "support"): 0, ("dartree", "budget"): 1, ("dartree", "candidates"): 1,
+           ("dartree", "width"): 1}

@@ -118,6 +118,13 @@ def load_dflash(name: str, dtype: torch.dtype = torch.float32, device="cpu") -> 
     state = read_state_dict(folder)
     if "fc.weight" not in state and "model.fc.weight" in state:  # a TreeFlash checkpoint: use its backbone
         state = read_state_dict(folder, prefix="model.")
+    load_weights(model, state, folder)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], folder: Path) -> None:
+    """Fill the module's tensors from a checkpoint's (extra keys ignored), naming the first missing or
+    misshapen one."""
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     if missing:
@@ -127,7 +134,6 @@ def load_dflash(name: str, dtype: torch.dtype = torch.float32, device="cpu") -> 
         raise CheckpointError(f"{folder}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, "
                               f"config says {tuple(own[bad[0]].shape)}")
     model.load_state_dict({k: state[k] for k in own})
-    return model.to(device=device, dtype=dtype).eval()
 
 
 def save_dflash(model: DFlashDrafter, out_dir: Path, dtype: torch.dtype | None = None) -> None:

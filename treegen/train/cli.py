@@ -166,3 +166,42 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
                                max_seconds=_budget(minutes), soft=soft, seed=seed)
     train_treeflash_pipeline(target, drafter, list(data), out, cfg, heldout=list(heldout), prompts=prompts,
                              budgets=budget_list, save_dtype=DTYPES[save_dtype], resume=resume, log=_log)
+
+
+@train.command("domino")
+@click.option("--target", default="demo", show_default=True, help="Target: hub id or folder; demo = the shipped one.")
+@click.option("--dflash", "dflash_path", default="demo/dflash", show_default=True,
+              help="The DFlash drafter the head sits on (and the joint recipe starts from).")
+@click.option("--data", "data", multiple=True, required=True,
+              help="A token stream (.pt) or text files, folders, JSONL (best: the target's own continuations).")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (Domino's layout).")
+@click.option("--recipe", type=click.Choice(["head", "joint"]), default="head", show_default=True,
+              help="head: frozen backbone, head only; joint: backbone + head, lambda-mixed base/corrected CE.")
+@click.option("--emb-dim", default=128, show_default=True, help="embed_proj's inner width E.")
+@click.option("--gru-dim", default=256, show_default=True, help="The prefix GRU's state size G.")
+@click.option("--shift-label/--no-shift-label", default=False, show_default=True,
+              help="Block position k predicts token anchor+k+1 (B drafts) instead of anchor+k (B-1).")
+@click.option("--prefix-len", default=0, show_default=True, help="pure_draft_prefix_len: drafts left uncorrected.")
+@click.option("--steps", default=2000, show_default=True, help="Maximum optimizer steps.")
+@click.option("--minutes", type=float, default=None, help="Wall-clock budget; the LR schedule follows it.")
+@click.option("--batch", default=8, show_default=True)
+@click.option("--seq-len", default=256, show_default=True)
+@click.option("--anchors", default=16, show_default=True, help="Random anchors (blocks) per sequence.")
+@click.option("--lr", default=1e-3, show_default=True)
+@click.option("--decay", default=0.3, show_default=True, help="joint: lambda falls 1 -> 0 over this fraction.")
+@click.option("--heldout", "heldout", multiple=True, help="Held-out stream (.pt) or text for the final comparison.")
+@click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt.")
+@click.option("--seed", default=0, show_default=True)
+@guarded
+def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_label, prefix_len, steps, minutes,
+               batch, seq_len, anchors, lr, decay, heldout, resume, seed):
+    """Train Domino's GRU correction head on a DFlash drafter; writes Domino's published layout to OUT."""
+    from ..assets import DEMO_TARGET, demo_asset
+    from .domino import DominoTrainConfig, train_domino_pipeline
+
+    cfg = DominoTrainConfig(recipe=recipe, emb_dim=emb_dim, gru_hidden_dim=gru_dim, shift_label=shift_label,
+                            pure_draft_prefix_len=prefix_len, batch=batch, seq_len=seq_len, anchors=anchors, lr=lr,
+                            max_steps=steps, max_seconds=_budget(minutes), decay=decay, seed=seed)
+    target = str(DEMO_TARGET) if target == "demo" else target
+    dflash_path = str(demo_asset(dflash_path) or dflash_path)
+    train_domino_pipeline(target, dflash_path, list(data), out, cfg, heldout=list(heldout), resume=resume, log=_log)

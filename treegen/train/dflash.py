@@ -59,8 +59,8 @@ def build_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig, seed: int 
 
 
 def target_features(target, ids: torch.Tensor, layer_ids) -> torch.Tensor:
-    with torch.no_grad():
-        hs = target(input_ids=ids, output_hidden_states=True).hidden_states
+    with torch.no_grad():  # the decoder alone: the target's logits over the whole vocabulary are not needed
+        hs = target.get_decoder()(input_ids=ids, output_hidden_states=True).hidden_states
     return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
 
 
@@ -80,31 +80,44 @@ def block_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torch.Tensor:
     return torch.cat([ctx_ok, blk_ok], dim=-1)[:, None]
 
 
-def block_states(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, normed: bool = True,
-                 features: torch.Tensor | None = None):
-    """The backbone pass over every anchor's block: states [b, n, B, H] and the true block tokens [b, n, B].
-    features: the target's context features of ids, if the caller already has them."""
+def block_pass(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, *, extra_labels: int = 0,
+               normed: bool = True, features: torch.Tensor | None = None):
+    """The backbone over every anchor's block [x_a, MASK...] (the part every block recipe shares): block states
+    [b, n, B, H] and the true tokens x_a .. x_{a+B-1+extra_labels} [b, n, B+extra_labels].
+    normed=False: states before the final norm; features: the target's context features of ids, if known."""
     c, (b, seq_len) = drafter.config, ids.shape
     block, n = c.block_size, anchors.shape[1]
     pos = (anchors[..., None] + torch.arange(block)).view(b, -1)                # [b, nB]
-    tokens = ids.gather(1, pos.clamp(max=seq_len - 1)).view(b, n, block)
-    inputs = torch.full_like(tokens, c.mask_token_id)
+    span = (anchors[..., None] + torch.arange(block + extra_labels)).view(b, -1)
+    tokens = ids.gather(1, span.clamp(max=seq_len - 1)).view(b, n, -1)
+    inputs = torch.full_like(tokens[..., :block], c.mask_token_id)
     inputs[..., 0] = tokens[..., 0]
     embed = target.get_input_embeddings()
     if features is None:
         features = target_features(target, ids, c.target_layer_ids)
-    ctx = drafter.project_context(features)
-    hidden = drafter(embed(inputs.view(b, -1)), pos, ctx, torch.arange(seq_len)[None].expand(b, -1),
-                     mask=block_mask(anchors, seq_len, block), normed=normed)
+    hidden = drafter(embed(inputs.reshape(b, -1)), pos, drafter.project_context(features),
+                     torch.arange(seq_len)[None].expand(b, -1), mask=block_mask(anchors, seq_len, block), normed=normed)
     return hidden.view(b, n, block, -1), tokens
 
 
-def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, gamma: float):
-    """CE over block positions 1..B-1 (last dim of labels), weighted exp(-(k-1)/gamma); top-1 acc per position."""
+def position_weights(n: int, gamma: float) -> torch.Tensor:
+    """exp(-k/gamma) for the k-th draft: early positions, which every accepted prefix needs, count most."""
+    return torch.exp(-torch.arange(n).float() / gamma)
+
+
+def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Cross entropy per draft position [.., D, V] weighted by `weights` [D], normalised by their sum."""
     ce = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="none").view(labels.shape)
-    weights = torch.exp(-torch.arange(labels.shape[-1], dtype=torch.float) / gamma)
-    loss = (ce * weights).sum(-1).mean() / weights.sum()
-    acc = (logits.argmax(-1) == labels).float().flatten(0, -2).mean(dim=0)
+    return (ce * weights).sum(-1).mean() / weights.sum()
+
+
+def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float):
+    """Position-weighted CE over every anchor's block; also returns top-1 accuracy per block position."""
+    hidden, tokens = block_pass(drafter, target, ids, anchors)
+    logits = target.get_output_embeddings()(hidden[:, :, 1:]).float()         # [b, n, B-1, V]
+    labels = tokens[..., 1:]
+    loss = weighted_ce(logits, labels, position_weights(labels.shape[-1], gamma))
+    acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
     return loss, acc
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ..models.treeflash import TreeFlashModel, save_treeflash
 from .common import Schedule, fit, random_windows
-from .dflash import GAMMA_BY_BLOCK, block_states, freeze, sample_anchors, weighted_ce
+from .dflash import GAMMA_BY_BLOCK, block_pass, freeze, position_weights, sample_anchors, weighted_ce
 
 
 @dataclass(frozen=True)
@@ -47,17 +47,18 @@ def treeflash_loss(model: TreeFlashModel, target, ids: torch.Tensor, anchors: to
     backbone = model.model
     features, target_logits = target_pass(target, ids, backbone.config.target_layer_ids)
     with torch.no_grad():  # the backbone is frozen: only the head learns
-        hidden, tokens = block_states(backbone, target, ids, anchors, normed=False, features=features)
+        hidden, tokens = block_pass(backbone, target, ids, anchors, normed=False, features=features)
     prev = target.get_input_embeddings()(tokens[..., :-1])
     logits = target.get_output_embeddings()(model.corrected(hidden[:, :, 1:], prev)).float()
-    loss, acc = weighted_ce(logits, tokens[..., 1:], gamma)
+    weights = position_weights(tokens.shape[-1] - 1, gamma)
+    loss = weighted_ce(logits, tokens[..., 1:], weights)
+    acc = (logits.argmax(-1) == tokens[..., 1:]).float().flatten(0, -2).mean(dim=0)
     if soft:
         block = tokens.shape[-1]
         src = (anchors[..., None] + torch.arange(block - 1)).flatten(1)          # the row predicting x_{a+k}
         p = target_logits.gather(1, src[..., None].expand(-1, -1, target_logits.shape[-1])).float()
         kl = F.kl_div(torch.log_softmax(logits.flatten(1, 2), -1), torch.log_softmax(p, -1),
                       log_target=True, reduction="none").sum(-1).view(tokens[..., 1:].shape)
-        weights = torch.exp(-torch.arange(block - 1, dtype=torch.float) / gamma)
         loss = (1 - soft) * loss + soft * (kl * weights).sum(-1).mean() / weights.sum()
     return loss, acc
 
