@@ -159,7 +159,7 @@ def test_dartree_respects_budget_and_branches(target, domino_dir):
 
 
 @pytest.mark.parametrize("options, phrase", [({"variant": "wide"}, "variant must be one of"),
-                                              ({"width": 0}, "width must be >= 1"),
+                                              ({"width": 0}, "width'? must be >= 1"),
                                               ({"depth_bonus": 0.5}, "depth_bonus must be <= 0"),
                                               ({"budget": "many"}, "option 'budget' must be int")])
 def test_bad_options(target, domino_dir, options, phrase):

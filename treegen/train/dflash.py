@@ -121,13 +121,6 @@ def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torc
     return loss, acc
 
 
-def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float):
-    """Position-weighted CE over every anchor's block; also returns top-1 accuracy per block position."""
-    hidden, tokens = block_states(drafter, target, ids, anchors)
-    logits = target.get_output_embeddings()(hidden[:, :, 1:]).float()           # [b, n, B-1, V]
-    return weighted_ce(logits, tokens[..., 1:], gamma)
-
-
 def freeze(target) -> None:
     target.eval()
     for p in target.parameters():
