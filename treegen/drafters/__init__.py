@@ -49,6 +49,12 @@ def _ddtree(target, drafter_path, *, budget: int = D.DDTREE_BUDGET, top_k: int =
     return DDTreeDrafter(load_block(target, drafter_path), budget, top_k)
 
 
+def _d2sd(target, drafter_path, *, vp_drafter: str | None = None, k: int = D.D2SD_K, b2: int = D.D2SD_B2,
+          budget: int = D.D2SD_BUDGET, skip_rejected: bool = D.D2SD_SKIP_REJECTED):
+    from .d2sd import build_d2sd
+    return build_d2sd(target, drafter_path, vp_drafter, k, b2, budget, skip_rejected)
+
+
 METHODS: dict[str, Method] = {}
 
 
@@ -60,6 +66,8 @@ register(Method("ar", "plain decoding, no drafts (the baseline of every speedup)
 register(Method("pld", "prompt lookup: n-gram matches in the text so far, as a chain or a tree", _pld))
 register(Method("dflash", "DFlash block diffusion: one drafter pass, a chain of B-1 tokens", _dflash, True))
 register(Method("ddtree", "marginal tree from one DFlash pass, best-first to a node budget", _ddtree, True))
+register(Method("d2sd", "DFlash chain plus K re-drafts by a variable-prefix drafter from its likeliest "
+                        "rejection points, merged into one tree", _d2sd, True))
 
 
 def get_method(name: str) -> Method:

@@ -82,13 +82,20 @@ def block_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torch.Tensor:
 
 def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float):
     """Position-weighted CE over every anchor's block; also returns top-1 accuracy per block position."""
+    return block_loss(drafter, target, ids, anchors, torch.ones_like(anchors), gamma)
+
+
+def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, visible: torch.Tensor,
+               gamma: float):
+    """Every anchor's block holds real tokens at positions < visible [b, n] (1: the anchor only, DFlash)
+    and MASK after; CE on positions k >= visible weighted exp(-(k - visible)/gamma), normalised per block.
+    Also returns top-1 accuracy by offset after the visible prefix (offset 0 = the first masked position)."""
     c, (b, seq_len) = drafter.config, ids.shape
     block, n = c.block_size, anchors.shape[1]
     offsets = torch.arange(block)
     pos = (anchors[..., None] + offsets).view(b, -1)                            # [b, nB]
     tokens = ids.gather(1, pos.clamp(max=seq_len - 1)).view(b, n, block)
-    inputs = torch.full_like(tokens, c.mask_token_id)
-    inputs[..., 0] = tokens[..., 0]
+    inputs = torch.where(offsets < visible[..., None], tokens, c.mask_token_id)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     ctx = drafter.project_context(target_features(target, ids, c.target_layer_ids))
     hidden = drafter(embed(inputs.view(b, -1)), pos, ctx, torch.arange(seq_len)[None].expand(b, -1),
@@ -96,9 +103,12 @@ def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torc
     logits = lm_head(hidden.view(b, n, block, -1)[:, :, 1:]).float()           # [b, n, B-1, V]
     labels = tokens[..., 1:]
     ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
-    weights = torch.exp(-offsets[:-1].float() / gamma)
-    loss = (ce * weights).sum(-1).mean() / weights.sum()
-    acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
+    after = offsets[1:] - visible[..., None]                                    # [b, n, B-1]
+    weights = torch.where(after >= 0, torch.exp(-after.float() / gamma), 0.0)
+    loss = ((ce * weights).sum(-1) / weights.sum(-1)).mean()
+    at = (after[..., None] == torch.arange(block - 1)).float()                  # [b, n, B-1, B-1] offset one-hot
+    hits = (logits.argmax(-1) == labels).float()[..., None]
+    acc = (hits * at).sum(dim=(0, 1, 2)) / at.sum(dim=(0, 1, 2)).clamp(min=1)
     return loss, acc
 
 
