@@ -59,8 +59,8 @@ def build_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig, seed: int 
 
 
 def target_features(target, ids: torch.Tensor, layer_ids) -> torch.Tensor:
-    with torch.no_grad():
-        hs = target(input_ids=ids, output_hidden_states=True).hidden_states
+    with torch.no_grad():  # the decoder stack only: the target's logits are not needed
+        hs = target.base_model(input_ids=ids, output_hidden_states=True).hidden_states
     return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
 
 
@@ -100,15 +100,18 @@ def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch
     ctx = drafter.project_context(target_features(target, ids, c.target_layer_ids))
     hidden = drafter(embed(inputs.view(b, -1)), pos, ctx, torch.arange(seq_len)[None].expand(b, -1),
                      mask=block_mask(anchors, seq_len, block))
-    logits = lm_head(hidden.view(b, n, block, -1)[:, :, 1:]).float()           # [b, n, B-1, V]
-    labels = tokens[..., 1:]
-    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(labels.shape)
     after = offsets[1:] - visible[..., None]                                    # [b, n, B-1]
-    weights = torch.where(after >= 0, torch.exp(-after.float() / gamma), 0.0)
-    loss = ((ce * weights).sum(-1) / weights.sum(-1)).mean()
-    at = (after[..., None] == torch.arange(block - 1)).float()                  # [b, n, B-1, B-1] offset one-hot
-    hits = (logits.argmax(-1) == labels).float()[..., None]
-    acc = (hits * at).sum(dim=(0, 1, 2)) / at.sum(dim=(0, 1, 2)).clamp(min=1)
+    scored = after >= 0                                                         # only these reach lm_head
+    logits = lm_head(hidden.view(b, n, block, -1)[:, :, 1:][scored]).float()    # [m, V]
+    labels, after = tokens[..., 1:][scored], after[scored]
+    weights = torch.exp(-after.float() / gamma)
+    weighted = F.cross_entropy(logits, labels, reduction="none") * weights
+    owner = torch.arange(b * n).view(b, n, 1).expand(-1, -1, block - 1)[scored]  # the block of each position
+    per_block = torch.zeros(b * n).index_add(0, owner, weighted) / torch.zeros(b * n).index_add(0, owner, weights)
+    hits = (logits.argmax(-1) == labels).float()
+    acc = torch.zeros(block - 1).index_add(0, after, hits) / torch.zeros(block - 1).index_add(
+        0, after, torch.ones_like(hits)).clamp(min=1)
+    loss = per_block.mean()
     return loss, acc
 
 
