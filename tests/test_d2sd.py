@@ -143,6 +143,7 @@ def test_greedy_exact(target, dflash_dir, vp_dir, options, prompts):
         assert all(r.drafted <= options.get("budget", 10 ** 6) for r in rounds)
 
 
+@pytest.mark.slow
 def test_sampling_follows_the_target(hf_target, tmp_path):
     """T>0 through the distribution harness: the first three tokens' joint law on a real 1-layer Qwen3."""
     model = hf_target
@@ -198,3 +199,21 @@ def test_vp_marker_round_trip(vp_dir, dflash_dir, tmp_path):
     assert is_variable_prefix(load_dflash(vp_dir).config) and not is_variable_prefix(load_dflash(dflash_dir).config)
     save_dflash(load_dflash(vp_dir), tmp_path / "copy")  # a plain rewrite keeps the marker
     assert is_variable_prefix(load_dflash(str(tmp_path / "copy")).config)
+
+
+@pytest.mark.parametrize("name", ["d2sd", "d2sd-32"])
+def test_demo_presets_exact_and_drafting(name):
+    """The shipped presets: both drafters of the demo pair load, and the output is the target's greedy one."""
+    from treegen import presets
+    from treegen.assets import DEMO_TARGET
+    from treegen.loading import eos_ids, load_target
+
+    preset = presets.load(name)
+    model, tok = load_target(str(DEMO_TARGET), dtype="fp32", device="cpu")
+    drafter = build_drafter(preset.method, model, preset.drafter, dict(preset.method_options))
+    assert is_variable_prefix(drafter.vp.model.config) and drafter.vp.model is not drafter.first.model
+    prompt = torch.tensor(tok("class Stack:\n    def __init__(self):\n")["input_ids"])
+    ref = model.generate(prompt[None], max_new_tokens=40, do_sample=False)[0, prompt.numel():].tolist()
+    rounds = list(generate(model, drafter, prompt, GenerationConfig(40, eos_token_ids=eos_ids(model, tok))))
+    assert [t for r in rounds for t in r.tokens] == ref
+    assert sum(r.accepted for r in rounds) > 0
