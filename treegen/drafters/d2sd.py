@@ -125,7 +125,10 @@ def build_d2sd(target, drafter_path: str, vp_drafter: str | None, k: int, b2: in
     if vp_path == drafter_path:  # its own context cache over the same weights
         vp = DFlashBlock(first.model, target)
     else:
-        vp = load_block(target, vp_path)
+        try:
+            vp = load_block(target, vp_path)
+        except CheckpointError as err:  # say which of the two drafters it is
+            raise CheckpointError(f"VP-drafter {vp_path}: {err}") from err
     if not is_variable_prefix(vp.model.config):
         print(f"treegen: note: d2sd's VP-drafter {vp_path} is a plain DFlash drafter (no "
               f"dflash_config.variable_prefix); it runs losslessly but was not trained on visible prefixes",

@@ -28,4 +28,4 @@ def mark_variable_prefix(model: DFlashDrafter) -> DFlashDrafter:
 
 
 def save_vp_drafter(model: DFlashDrafter, out_dir: Path, dtype: torch.dtype | None = None) -> None:
-    save_dflash(mark_variable_prefix(model), out_dir, dtype)
+    save_dflash(mark_variable_prefix(model), Path(out_dir), dtype)
