@@ -70,6 +70,12 @@ def _dartree(target, drafter_path, *, budget: int = D.DARTREE_BUDGET, candidates
     return DARTreeDrafter(*load_head_block(target, drafter_path), budget, candidates, width, depth_bonus, variant)
 
 
+def _d2sd(target, drafter_path, *, vp_drafter: str | None = None, k: int = D.D2SD_K, b2: int = D.D2SD_B2,
+          budget: int = D.D2SD_BUDGET, skip_rejected: bool = D.D2SD_SKIP_REJECTED):
+    from .d2sd import build_d2sd
+    return build_d2sd(target, drafter_path, vp_drafter, k, b2, budget, skip_rejected)
+
+
 METHODS: dict[str, Method] = {}
 
 
@@ -85,6 +91,8 @@ register(Method("treeflash", "TreeFlash: each depth conditioned on the token bef
                 _treeflash, True))
 register(Method("domino", "DFlash pass + Domino's GRU correction head along the chain", _domino, True))
 register(Method("dartree", "Domino's head grown into a tree, all parents of a depth scored at once", _dartree, True))
+register(Method("d2sd", "DFlash chain plus K re-drafts by a variable-prefix drafter from its likeliest "
+                        "rejection points, merged into one tree", _d2sd, True))
 
 
 def get_method(name: str) -> Method:

@@ -7,6 +7,11 @@ DDTREE_BUDGET = 64      # nodes verified per round (DDTree's common default)
 AUTO = "auto"           # `budget: auto`: the drafter drafts AUTO_CEILING nodes, the engine trims each round
 AUTO_CEILING = 128      #   to the size with the best expected tokens/s on this hardware (engine/budget.py)
 DDTREE_TOP_K = 0        # per-depth candidates; 0 = as many as the budget (no node can rank lower)
+D2SD_K = 4              # branches re-drafted from the likeliest rejection points
+D2SD_B2 = 0             # the second block's length; 0 = the first drafter's block size B
+D2SD_MAX_B2 = 64
+D2SD_BUDGET = 0         # most nodes verified per round (best path scores kept); 0 = every merged node
+D2SD_SKIP_REJECTED = True  # a re-draft never repeats the draft its branch point presumes rejected
 DARTREE_BUDGET = 64     # nodes verified per round (DARTree's published setting)
 DARTREE_CANDIDATES = 64  # candidate support per depth: the top base-logit tokens
 DARTREE_WIDTH = 12      # pruned: children kept per depth before the global cut

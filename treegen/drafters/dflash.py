@@ -35,17 +35,29 @@ class DFlashBlock:
     def hidden(self, anchor: int, normed: bool = True) -> torch.Tensor:
         """[B, H] drafter states of the block [anchor, MASK...]; folds the pending context into the cache.
         normed=False: before the drafter's final norm."""
-        device, new = self.embed.weight.device, self.pending
-        past = self.cache.length
-        start = past + new.shape[0]  # the anchor's position: context is every committed token before it
-        ids = torch.full((1, self.block_size), self.model.config.mask_token_id, device=device)
+        ids = torch.full((1, self.block_size), self.model.config.mask_token_id, device=self.embed.weight.device)
         ids[0, 0] = anchor
-        block_pos = torch.arange(start, start + self.block_size, device=device)[None]
+        return self.run(ids, normed)[0]
+
+    def run(self, blocks: torch.Tensor, normed: bool = True) -> torch.Tensor:
+        """[P, L] block token ids (each starting at the anchor's position) -> [P, L, H] states, from ONE
+        batch-1 pass of P*L queries: each block sees the whole context (cached once) and itself only, so
+        P branches share the context K/V without copying it. Folds the pending context into the cache."""
+        n, length = blocks.shape
+        device, past = self.embed.weight.device, self.cache.length
+        new = self.pending if self.pending is not None else self.embed.weight.new_zeros(0, self.model.fc.in_features)
+        start = past + new.shape[0]  # the anchor's position: context is every committed token before it
+        block_pos = torch.arange(start, start + length, device=device).repeat(n)[None]
         ctx_pos = torch.arange(past, start, device=device)[None]
         ctx = self.model.project_context(new.to(self.embed.weight.dtype))[None]
-        out = self.model(self.embed(ids), block_pos, ctx, ctx_pos, self.cache, normed=normed)
+        mask = None
+        if n > 1:  # block-diagonal over the branches, all of the context
+            branch = torch.arange(n, device=device).repeat_interleave(length)
+            mask = torch.cat([torch.ones(n * length, start, dtype=torch.bool, device=device),
+                              branch[:, None] == branch[None, :]], dim=1)[None, None]
+        out = self.model(self.embed(blocks.reshape(1, -1)), block_pos, ctx, ctx_pos, self.cache, mask, normed)
         self.pending = None
-        return out[0]
+        return out.view(n, length, -1)
 
     def marginal_logits(self, anchor: int, depth: int) -> torch.Tensor:
         """[depth, V] logits of block positions 1..depth, each conditioned on the context only."""

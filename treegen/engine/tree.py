@@ -112,3 +112,28 @@ def verification_inputs(anchor: int, tree: DraftTree, past_len: int, dtype: torc
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return ids, (past_len + depth).view(1, -1), mask[None, None]
+
+
+def merge_paths(tokens: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor | None = None) -> DraftTree:
+    """One prefix tree from P token sequences under the anchor: equal prefixes become one node.
+
+    tokens [P, L]; lengths [P] (path p is tokens[p, :lengths[p]]); scores [P, L] per-token path scores
+    (a shared node keeps the best). Nodes are listed path by path, so path 0 is a chain and parents come
+    first. Tensor ops over [P, P, L] comparisons (D2SD: P <= 9, L <= 31), one host sync (the nonzero).
+    """
+    n_paths, length = tokens.shape
+    device = tokens.device
+    valid = torch.arange(length, device=device)[None] < lengths[:, None]                      # [P, L]
+    same = (tokens[:, None] == tokens[None]) & valid[:, None] & valid[None]                 # [P, P, L]
+    same = same.long().cumprod(dim=-1).bool()            # equal through position j: one node
+    first = same.long().argmax(dim=1)                     # [P, L] the first path holding each node
+    own = (first == torch.arange(n_paths, device=device)[:, None]) & valid
+    index = own.flatten().long().cumsum(0).view(n_paths, length) - 1
+    node = index.gather(0, first)                         # [P, L] node index of (p, j)
+    parents = torch.cat([torch.full((n_paths, 1), -1, device=device, dtype=torch.long), node[:, :-1]], dim=1)
+    depth = torch.arange(1, length + 1, device=device).expand(n_paths, -1)
+    keep = own.flatten().nonzero().flatten()
+    best = None
+    if scores is not None:
+        best = scores[None].expand(n_paths, -1, -1).masked_fill(~same, -torch.inf).amax(dim=1).flatten()[keep]
+    return DraftTree(tokens.flatten()[keep].long(), parents.flatten()[keep], depth.flatten()[keep], best)

@@ -205,3 +205,36 @@ def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_l
     target = str(DEMO_TARGET) if target == "demo" else target
     dflash_path = str(demo_asset(dflash_path) or dflash_path)
     train_domino_pipeline(target, dflash_path, list(data), out, cfg, heldout=list(heldout), resume=resume, log=_log)
+
+
+@train.command("vp-drafter")
+@click.option("--target", default="demo", show_default=True, help="Target: hub id, folder, or demo.")
+@click.option("--init", default="demo", show_default=True,
+              help="The DFlash drafter to start from: folder, hub id, demo or demo/NAME.")
+@click.option("--data", multiple=True, required=True,
+              help="A token stream (.pt, 1-D int tensor) or text files / folders / JSONL.")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (DFlash layout).")
+@click.option("--steps", default=2000, show_default=True, help="Maximum optimizer steps.")
+@click.option("--minutes", type=float, default=None, help="Wall-clock budget; the LR schedule follows it.")
+@click.option("--batch", default=8, show_default=True)
+@click.option("--seq-len", default=256, show_default=True)
+@click.option("--anchors", default=16, show_default=True, help="Random anchors (blocks) per sequence.")
+@click.option("--lr", default=5e-4, show_default=True)
+@click.option("--beta", default=0.9, show_default=True, help="Pr(visible prefix i) ~ beta^i, i in [2, B-1].")
+@click.option("--gamma", default=7.0, show_default=True, help="Loss weight exp(-(k - i)/gamma) after the prefix.")
+@click.option("--heldout", multiple=True, help="Held-out stream (.pt) or text for the acceptance estimate.")
+@click.option("--heldout-prompts", default=16, show_default=True)
+@click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt.")
+@click.option("--seed", default=0, show_default=True)
+@guarded
+def vp_drafter_cmd(target, init, data, out, steps, minutes, batch, seq_len, anchors, lr, beta, gamma, heldout,
+                   heldout_prompts, resume, seed):
+    """Train D2SD's variable-prefix drafter from a DFlash drafter; writes the DFlash layout (marked
+    dflash_config.variable_prefix) to OUT."""
+    from .vp_drafter import VPTrainConfig, vp_pipeline
+
+    if not 0 < beta <= 1 or gamma <= 0:
+        raise ValueError(f"--beta must be in (0, 1] and --gamma > 0, got {beta}, {gamma}")
+    cfg = VPTrainConfig(batch=batch, seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
+                        max_seconds=_budget(minutes), beta=beta, gamma=gamma, seed=seed)
+    vp_pipeline(target, init, list(data), out, cfg, list(heldout), heldout_prompts, resume, log=_log)

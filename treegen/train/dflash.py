@@ -81,17 +81,18 @@ def block_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torch.Tensor:
 
 
 def block_pass(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, *, extra_labels: int = 0,
-               normed: bool = True, features: torch.Tensor | None = None):
+               normed: bool = True, features: torch.Tensor | None = None, visible: torch.Tensor | None = None):
     """The backbone over every anchor's block [x_a, MASK...] (the part every block recipe shares): block states
     [b, n, B, H] and the true tokens x_a .. x_{a+B-1+extra_labels} [b, n, B+extra_labels].
-    normed=False: states before the final norm; features: the target's context features of ids, if known."""
+    normed=False: states before the final norm; features: the target's context features of ids, if known;
+    visible [b, n]: block positions < visible hold their real tokens (None: the anchor only, DFlash)."""
     c, (b, seq_len) = drafter.config, ids.shape
     block, n = c.block_size, anchors.shape[1]
     pos = (anchors[..., None] + torch.arange(block)).view(b, -1)                # [b, nB]
     span = (anchors[..., None] + torch.arange(block + extra_labels)).view(b, -1)
     tokens = ids.gather(1, span.clamp(max=seq_len - 1)).view(b, n, -1)
-    inputs = torch.full_like(tokens[..., :block], c.mask_token_id)
-    inputs[..., 0] = tokens[..., 0]
+    shown = torch.ones_like(anchors) if visible is None else visible
+    inputs = torch.where(torch.arange(block) < shown[..., None], tokens[..., :block], c.mask_token_id)
     embed = target.get_input_embeddings()
     if features is None:
         features = target_features(target, ids, c.target_layer_ids)
@@ -119,6 +120,27 @@ def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torc
     loss = weighted_ce(logits, labels, position_weights(labels.shape[-1], gamma))
     acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
     return loss, acc
+
+
+def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, visible: torch.Tensor,
+               gamma: float):
+    """Every anchor's block holds real tokens at positions < visible [b, n] (1: the anchor only, DFlash)
+    and MASK after; CE on positions k >= visible weighted exp(-(k - visible)/gamma), normalised per block.
+    Also returns top-1 accuracy by offset after the visible prefix (offset 0 = the first masked position)."""
+    (b, n), block = anchors.shape, drafter.config.block_size
+    hidden, tokens = block_pass(drafter, target, ids, anchors, visible=visible)
+    after = torch.arange(1, block) - visible[..., None]                        # [b, n, B-1]
+    scored = after >= 0                                                         # only these reach lm_head
+    logits = target.get_output_embeddings()(hidden[:, :, 1:][scored]).float()  # [m, V]
+    labels, after = tokens[..., 1:][scored], after[scored]
+    weights = torch.exp(-after.float() / gamma)
+    weighted = F.cross_entropy(logits, labels, reduction="none") * weights
+    owner = torch.arange(b * n).view(b, n, 1).expand(-1, -1, block - 1)[scored]  # the block of each position
+    per_block = torch.zeros(b * n).index_add(0, owner, weighted) / torch.zeros(b * n).index_add(0, owner, weights)
+    hits = (logits.argmax(-1) == labels).float()
+    acc = torch.zeros(block - 1).index_add(0, after, hits) / torch.zeros(block - 1).index_add(
+        0, after, torch.ones_like(hits)).clamp(min=1)
+    return per_block.mean(), acc
 
 
 def freeze(target) -> None:

@@ -1,0 +1,149 @@
+"""`d2sd`: a DFlash draft, then a variable-prefix (VP) drafter re-drafts from its K likeliest rejection points.
+
+Round: the first drafter's greedy chain d_1..d_{B-1} with confidences c_k = max_v p_k(v). The chance that
+exactly i drafts are accepted is r(i) = prod_{k<=i} c_k * (1 - c_{i+1}); the K largest pick the branch
+points. Branch i is [anchor, d_1..d_i, MASK...] of B2 positions; the VP-drafter drafts the masked ones of
+all branches in ONE pass (each branch sees the shared context K/V and its own block). The chain and the
+K branches (with B2 > B the chain is replaced by its VP extension to B2) merge into one prefix tree,
+verified by the engine in one target forward. Both drafts are deterministic, so verification is lossless.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from ..engine.tree import DraftTree, merge_paths
+from ..models.checkpoint import CheckpointError
+from ..models.vp_drafter import is_variable_prefix
+from . import defaults as D
+from .base import DraftState
+from .dflash import DFlashBlock, load_block
+
+
+def rejection_points(conf: torch.Tensor, k: int) -> torch.Tensor:
+    """conf [B-1] first-draft confidences -> the k accepted-draft counts i (sorted) with the largest
+    r(i) = prod_{j<=i} c_j * (1 - c_{i+1}), i = 0..B-2."""
+    reach = torch.cat([conf.new_ones(1), conf.cumprod(0)[:-1]])   # prod_{j<=i} c_j, i = 0..B-2
+    return torch.topk(reach * (1 - conf), min(k, conf.numel())).indices.sort().values
+
+
+class D2SDDrafter:
+    name = "d2sd"
+
+    def __init__(self, first: DFlashBlock, vp: DFlashBlock, k: int = D.D2SD_K, b2: int = D.D2SD_B2,
+                 budget: int = D.D2SD_BUDGET, skip_rejected: bool = D.D2SD_SKIP_REJECTED):
+        check_options(first.block_size, k, b2, budget)
+        if vp.target_layer_ids != first.target_layer_ids:
+            raise CheckpointError(f"the VP-drafter reads target layers {list(vp.target_layer_ids)}, the DFlash "
+                                  f"drafter {list(first.target_layer_ids)}: they must read the same features")
+        self.first, self.vp = first, vp
+        self.k, self.b2, self.budget = k, b2 or first.block_size, budget
+        self.skip_rejected = skip_rejected
+        self.target_layer_ids = first.target_layer_ids
+
+    def begin(self, prompt, features) -> None:
+        self.first.begin(features)
+        self.vp.begin(features)
+
+    def commit(self, tokens, features) -> None:
+        self.first.commit(features)
+        self.vp.commit(features)
+
+    def propose(self, state: DraftState) -> DraftTree:
+        anchor = int(state.tokens[-1])
+        if state.max_depth < 1:  # nothing fits; both caches still take the context
+            self.first.hidden(anchor)
+            self.vp.run(state.tokens[-1:].view(1, 1))
+            return DraftTree.empty(state.tokens.device)
+        probs = torch.softmax(self.first.marginal_logits(anchor, self.first.block_size - 1), dim=-1)
+        conf, draft = probs.max(dim=-1)                                        # [B-1]
+        points = rejection_points(conf, self.k)
+        if self.b2 > self.first.block_size:  # the chain itself is re-drafted too: its extension to B2
+            points = torch.cat([points, points.new_tensor([conf.numel()])])
+        tokens, scores = self.branches(anchor, draft, conf, points)
+        lengths = torch.full((tokens.shape[0],), tokens.shape[1], device=tokens.device)
+        if self.b2 == self.first.block_size:  # the first draft is a path of its own, listed first
+            tokens, scores = torch.cat([draft[None], tokens]), torch.cat([conf.log().cumsum(0)[None], scores])
+            lengths = torch.cat([lengths.new_tensor([draft.numel()]), lengths])
+        return keep_best(merge_paths(tokens, lengths, scores), self.budget)
+
+    def branches(self, anchor: int, draft: torch.Tensor, conf: torch.Tensor, points: torch.Tensor):
+        """[P, B2-1] tokens of each branch (its first points[p] drafts, then the VP-drafter's) and their
+        path scores (cumulative log confidence of whichever drafter made each token), from ONE VP pass."""
+        b2, device = self.b2, draft.device
+        seen = torch.arange(b2 - 1, device=device)[None] < points[:, None]     # [P, B2-1] kept first drafts
+        pad = b2 - 1 - draft.numel()
+        first = torch.nn.functional.pad(draft, (0, pad))[None]
+        mask_id = self.vp.model.config.mask_token_id
+        body = torch.where(seen, first, mask_id)
+        ids = torch.cat([torch.full_like(body[:, :1], anchor), body], dim=1)    # [P, B2]
+        logits = self.vp.lm_head(self.vp.run(ids)[:, 1:]).float()              # [P, B2-1, V]
+        if self.skip_rejected:  # branch i presumes d_{i+1} was rejected: never propose it there again
+            at = (torch.arange(b2 - 1, device=device)[None] == points[:, None]) & (points < draft.numel())[:, None]
+            idx = first.expand(len(points), -1)[..., None]
+            logits = logits.scatter(-1, idx, torch.where(at[..., None], -torch.inf, logits.gather(-1, idx)))
+        vp_conf, vp_tok = torch.softmax(logits, dim=-1).max(dim=-1)
+        tokens = torch.where(seen, first, vp_tok)
+        first_conf = torch.nn.functional.pad(conf, (0, pad), value=1.0)[None]
+        scores = torch.where(seen, first_conf, vp_conf).log().cumsum(dim=1)
+        return tokens, scores
+
+
+def keep_best(tree: DraftTree, budget: int) -> DraftTree:
+    """The `budget` best-scored nodes (0: all). Scores only fall along a path and ties keep the earlier
+    node, parents come first, so the kept set is closed under parents."""
+    if not budget or len(tree) <= budget:
+        return tree
+    order = torch.sort(-tree.scores, stable=True).indices[:budget].sort().values
+    remap = torch.full((len(tree),), -1, dtype=torch.long, device=tree.tokens.device)
+    remap[order] = torch.arange(budget, device=order.device)
+    parents = tree.parents[order]
+    parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
+    return DraftTree(tree.tokens[order], parents, tree.depth[order], tree.scores[order])
+
+
+def check_options(block_size: int, k: int, b2: int, budget: int) -> None:
+    if k < 1:
+        raise ValueError(f"d2sd k (branches) must be >= 1, got {k}")
+    if b2 and b2 < block_size:
+        raise ValueError(f"d2sd b2 must be 0 (the drafter's block, {block_size}) or >= {block_size}, got {b2}")
+    if b2 > D.D2SD_MAX_B2:
+        raise ValueError(f"d2sd b2 must be <= {D.D2SD_MAX_B2}, got {b2}")
+    if budget < 0:
+        raise ValueError(f"d2sd budget must be >= 0 (0: no cap), got {budget}")
+
+
+def build_d2sd(target, drafter_path: str, vp_drafter: str | None, k: int, b2: int, budget: int,
+               skip_rejected: bool) -> D2SDDrafter:
+    if vp_drafter is not None and not isinstance(vp_drafter, str):
+        raise ValueError(f"d2sd vp_drafter must be a folder, hub id or demo/NAME, got {vp_drafter!r}")
+    check_options(1, k, b2, budget)  # the ranges that need no checkpoint, before anything loads
+    first = load_block(target, drafter_path)
+    vp_path = resolve_vp(drafter_path, vp_drafter)
+    if vp_path == drafter_path:  # its own context cache over the same weights
+        vp = DFlashBlock(first.model, target)
+    else:
+        try:
+            vp = load_block(target, vp_path)
+        except CheckpointError as err:  # say which of the two drafters it is
+            raise CheckpointError(f"VP-drafter {vp_path}: {err}") from err
+    if not is_variable_prefix(vp.model.config):
+        print(f"treegen: note: d2sd's VP-drafter {vp_path} is a plain DFlash drafter (no "
+              f"dflash_config.variable_prefix); it runs losslessly but was not trained on visible prefixes",
+              file=sys.stderr)
+    return D2SDDrafter(first, vp, k, b2, budget, skip_rejected)
+
+
+def resolve_vp(drafter_path: str, vp_drafter: str | None) -> str:
+    """vp_drafter as given (demo/NAME: a shipped checkpoint); unset: the shipped VP-drafter with the shipped
+    DFlash drafter, else the DFlash drafter itself (no VP-drafters are published)."""
+    from ..assets import DEMO_DRAFTER, demo_asset
+
+    if vp_drafter:
+        return str(demo_asset(vp_drafter) or vp_drafter)
+    shipped = DEMO_DRAFTER.parent / "vp-drafter"
+    if Path(drafter_path).resolve() == DEMO_DRAFTER.resolve() and shipped.exists():
+        return str(shipped)
+    return drafter_path
