@@ -109,6 +109,13 @@ def test_batched_branches_equal_separate_passes(target, vp_dir):
     assert together.cache.length == 9  # the context went in once
 
 
+def recorder(f, log: list):
+    def wrapped(*args):
+        log.append(f(*args))
+        return log[-1]
+    return wrapped
+
+
 def test_every_branch_is_in_the_tree(target, dflash_dir, vp_dir):
     for b2 in (8, 14):
         drafter = build_drafter("d2sd", target, dflash_dir, {"vp_drafter": vp_dir, "k": 3, "b2": b2})
@@ -117,7 +124,7 @@ def test_every_branch_is_in_the_tree(target, dflash_dir, vp_dir):
             feats = torch.cat([h[0] for h in target(prompt[None], output_hidden_states=True).hidden_states[1:3]], -1)
             drafter.begin(prompt, feats)
             seen = []
-            drafter.branches = lambda *a, f=drafter.branches: seen.append(f(*a)) or seen[-1]
+            drafter.branches = recorder(drafter.branches, seen)
             tree = drafter.propose(DraftState(prompt, 100))
         tokens = seen[0][0]
         assert tokens.shape == (3 + (b2 > 8), b2 - 1)
@@ -144,10 +151,10 @@ def test_greedy_exact(target, dflash_dir, vp_dir, options, prompts):
 
 
 @pytest.mark.slow
-def test_sampling_follows_the_target(hf_target, tmp_path):
+def test_sampling_follows_the_target(hf_target, tmp_path):  # noqa: F811 (the harness's fixture)
     """T>0 through the distribution harness: the first three tokens' joint law on a real 1-layer Qwen3."""
     model = hf_target
-    kw = dict(block_size=6, layer_ids=(0,))
+    kw = {"block_size": 6, "layer_ids": (0,)}
     first = random_drafter(model, tmp_path / "first", seed=6, **kw)  # seeds whose drafts the target often takes
     vp = random_drafter(model, tmp_path / "vp", seed=7, vp=True, **kw)
     drafter = build_drafter("d2sd", model, first, {"vp_drafter": vp, "k": 2, "b2": 8})

@@ -9,9 +9,9 @@ from click.testing import CliRunner
 from conftest import tiny_qwen3
 from test_d2sd import random_drafter
 
+from treegen.cli import cli
 from treegen.models.checkpoint import load_dflash
 from treegen.models.vp_drafter import is_variable_prefix
-from treegen.train.cli import train
 from treegen.train.dflash import block_loss, dflash_loss, sample_anchors
 from treegen.train.vp_drafter import sample_visible, visible_law
 
@@ -46,11 +46,11 @@ def test_train_resume_and_heldout(tiny_model_dir, tmp_path):
     data = tmp_path / "stream.pt"
     torch.save(torch.randint(0, t.vocab_size - 1, (3000,), dtype=torch.int32), data)
     out = tmp_path / "vp"
-    args = ["vp-drafter", "--target", str(tiny_model_dir), "--init", init, "--data", str(data), "--out", str(out),
+    args = ["train", "vp-drafter", "--target", str(tiny_model_dir), "--init", init, "--data", str(data), "--out", str(out),
             "--batch", "2", "--seq-len", "48", "--anchors", "3"]
-    result = CliRunner().invoke(train, args + ["--steps", "2"])
+    result = CliRunner().invoke(cli, args + ["--steps", "2"])
     assert result.exit_code == 0, result.output
-    result = CliRunner().invoke(train, args + ["--steps", "4", "--resume", "--heldout", str(data),
+    result = CliRunner().invoke(cli, args + ["--steps", "4", "--resume", "--heldout", str(data),
                                                "--heldout-prompts", "2"])
     assert result.exit_code == 0, result.output
     assert torch.load(out / "train_state.pt", weights_only=False)["step"] == 4
@@ -69,7 +69,7 @@ def test_bad_input_is_one_line(tiny_model_dir, tmp_path):
     for extra, says in ((["--init", other, "--data", str(bad)], "does not fit the target"),
                         (["--init", fits, "--data", str(bad)], "1-D integer tensor"),
                         (["--init", "demo", "--data", str(bad), "--gamma", "0"], "--gamma")):
-        result = CliRunner().invoke(train, ["vp-drafter", "--target", str(tiny_model_dir), "--out",
+        result = CliRunner().invoke(cli, ["train", "vp-drafter", "--target", str(tiny_model_dir), "--out",
                                             str(tmp_path / "o"), *extra])
         assert result.exit_code != 0 and says in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1
