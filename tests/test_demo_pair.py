@@ -52,3 +52,26 @@ def test_fresh_complete_prints_code_offline():
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.strip()) > 20
     assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def ar_text():
+    from click.testing import CliRunner
+
+    from treegen.cli import cli
+
+    result = CliRunner().invoke(cli, ["complete", "-p", PROMPTS[2], "-n", "24", "--method", "ar"])
+    assert result.exit_code == 0
+    return result.stdout
+
+
+@pytest.mark.parametrize("method", ["pld", "dflash", "ddtree", "treeflash", "domino", "dartree", "d2sd"])
+def test_every_method_runs_by_name_on_the_demo_pair(method, ar_text):
+    """`--method NAME` alone picks the shipped checkpoint that method reads, and the output is ar's."""
+    from click.testing import CliRunner
+
+    from treegen.cli import cli
+
+    result = CliRunner().invoke(cli, ["complete", "-p", PROMPTS[2], "-n", "24", "--method", method])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ar_text

@@ -82,11 +82,14 @@ class Generator:
     attn_implementation: str = DEFAULT_ATTN
 
     def __post_init__(self):
-        from .assets import DEMO_DRAFTER, DEMO_TARGET, best_method
+        from .assets import DEMO_DRAFTER, DEMO_TARGET, best_method, demo_drafter_for
 
         if self.target is None:
             self.target = str(DEMO_TARGET)
-            self.drafter = self.drafter or (str(DEMO_DRAFTER) if DEMO_DRAFTER.exists() else None)
+            if self.method == "auto":
+                self.method = best_method(self.drafter or (str(DEMO_DRAFTER) if DEMO_DRAFTER.exists() else None))
+            shipped = demo_drafter_for(self.method)
+            self.drafter = self.drafter or (str(shipped) if shipped else None)
         if self.method == "auto":
             self.method = best_method(self.drafter)
         self.model, self.tokenizer = load_target(

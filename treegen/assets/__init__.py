@@ -16,6 +16,16 @@ def demo_asset(value: str) -> Path | None:
     return ASSETS / "demo" / name if name and "/" not in name and ".." not in name else None
 
 
+# the shipped checkpoint each method reads on the demo target (the rest take the DFlash drafter)
+DEMO_CHECKPOINTS = {"treeflash": "treeflash", "domino": "domino", "dartree": "domino"}
+
+
+def demo_drafter_for(method: str | None) -> Path | None:
+    """The shipped demo-pair checkpoint `method` runs with by default, when it is installed."""
+    path = ASSETS / "demo" / DEMO_CHECKPOINTS.get(method or "", "dflash")
+    return path if path.exists() else None
+
+
 def best_method(drafter: str | None) -> str:
     """With a DFlash drafter the marginal tree is the best shipped method; without one, prompt lookup."""
     return "ddtree" if drafter else "pld"

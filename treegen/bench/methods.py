@@ -66,7 +66,7 @@ def resolve_one(name: str, target: str | None, drafter: str | None) -> MethodSpe
 
     if name in METHODS:
         uses = METHODS[name].needs_drafter  # others ignore a drafter: the JSON should not claim one
-        return MethodSpec(name, name, local(target), local(drafter or demo_drafter(target)) if uses else None)
+        return MethodSpec(name, name, local(target), local(drafter or demo_drafter(target, name)) if uses else None)
     try:
         preset = presets_mod.load(name)
     except presets_mod.PresetError as err:
@@ -76,11 +76,12 @@ def resolve_one(name: str, target: str | None, drafter: str | None) -> MethodSpe
                       preset.method_options, str(preset.path))
 
 
-def demo_drafter(target: str | None) -> str | None:
-    """On the demo target, the demo drafter when it is installed."""
-    from ..assets import DEMO_DRAFTER
+def demo_drafter(target: str | None, method: str | None = None) -> str | None:
+    """On the demo target, the shipped checkpoint the method reads (the DFlash drafter for most), if installed."""
+    from ..assets import demo_drafter_for
 
-    return str(DEMO_DRAFTER) if target is None and DEMO_DRAFTER.exists() else None
+    shipped = demo_drafter_for(method)
+    return str(shipped) if target is None and shipped is not None else None
 
 
 def local(source: str | None) -> str | None:
