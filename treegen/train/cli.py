@@ -27,6 +27,27 @@ def train():
 POSITIVE = click.IntRange(min=1)
 
 
+def loop_options(lr: float = 1e-3):
+    """The options every drafter trainer shares (one definition; ranges checked before anything loads)."""
+    shared = [
+        click.option("--steps", type=POSITIVE, default=2000, show_default=True, help="Maximum optimizer steps."),
+        click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Wall-clock budget; the LR schedule follows it."),
+        click.option("--batch", type=POSITIVE, default=8, show_default=True),
+        click.option("--seq-len", type=POSITIVE, default=256, show_default=True),
+        click.option("--anchors", type=POSITIVE, default=16, show_default=True,
+                     help="Random anchors (blocks) per sequence."),
+        click.option("--lr", type=click.FloatRange(min=0, min_open=True, max=1), default=lr, show_default=True),
+        click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt (also after Ctrl-C or SIGTERM)."),
+        click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)]
+
+    def wrap(f):
+        for option in reversed(shared):
+            f = option(f)
+        return f
+    return wrap
+
+
 @train.command("dflash")
 @click.option("--target", required=True, help="Target model: hub id or folder (frozen during training).")
 @click.option("--data", "data", multiple=True, required=True, help="Text file, folder or JSONL of {'text':..}.")
@@ -36,18 +57,10 @@ POSITIVE = click.IntRange(min=1)
 @click.option("--block-size", type=click.IntRange(min=2), default=16, show_default=True)
 @click.option("--target-layers", default=None, help="Comma-separated target layer ids (default: z-lab's spread).")
 @click.option("--mask-token-id", type=click.IntRange(min=0), default=None, help="Default: the tokenizer's mask token.")
-@click.option("--steps", type=POSITIVE, default=2000, show_default=True, help="Maximum optimizer steps.")
-@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Wall-clock budget; the LR schedule follows it.")
-@click.option("--batch", type=POSITIVE, default=8, show_default=True)
-@click.option("--seq-len", type=POSITIVE, default=256, show_default=True)
-@click.option("--anchors", type=POSITIVE, default=16, show_default=True, help="Random anchors (blocks) per sequence.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True, max=1), default=1e-3, show_default=True)
+@loop_options(lr=1e-3)
 @click.option("--regenerate", "regen", type=click.IntRange(min=0), default=0,
               help="Train on N target-regenerated sequences.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out text for the final acceptance estimate.")
-@click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt (also after Ctrl-C or SIGTERM).")
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
 @guarded
 def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, steps, minutes, batch,
                seq_len, anchors, lr, regen, heldout, resume, seed):
@@ -132,20 +145,13 @@ def target_cmd(tok_dir, data, out, steps, minutes, resume):
               "checkpoint (its head is trained further). `demo` = the shipped demo drafter.")
 @click.option("--data", "data", multiple=True, required=True, help="A token stream (.pt) or text files/folders.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (published layout).")
-@click.option("--steps", default=2000, show_default=True, help="Maximum optimizer steps.")
-@click.option("--minutes", type=float, default=None, help="Wall-clock budget; the LR schedule follows it.")
-@click.option("--batch", default=8, show_default=True)
-@click.option("--seq-len", default=256, show_default=True)
-@click.option("--anchors", default=16, show_default=True, help="Random anchors (blocks) per sequence.")
-@click.option("--lr", default=1e-3, show_default=True)
+@loop_options(lr=1e-3)
 @click.option("--soft", default=0.0, show_default=True, help="Weight of KL to the target's own distribution.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out stream (.pt) or text: acceptance vs ddtree.")
 @click.option("--prompts", default=8, show_default=True, help="Held-out prompts for the acceptance estimate.")
 @click.option("--budgets", default="16,32,64", show_default=True, help="Tree budgets of the held-out comparison.")
 @click.option("--dtype", "save_dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32",
               show_default=True, help="Dtype of the exported checkpoint.")
-@click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt.")
-@click.option("--seed", default=0, show_default=True)
 @guarded
 def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, anchors, lr, soft, heldout, prompts,
                   budgets, save_dtype, resume, seed):
@@ -182,16 +188,9 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
 @click.option("--shift-label/--no-shift-label", default=False, show_default=True,
               help="Block position k predicts token anchor+k+1 (B drafts) instead of anchor+k (B-1).")
 @click.option("--prefix-len", default=0, show_default=True, help="pure_draft_prefix_len: drafts left uncorrected.")
-@click.option("--steps", default=2000, show_default=True, help="Maximum optimizer steps.")
-@click.option("--minutes", type=float, default=None, help="Wall-clock budget; the LR schedule follows it.")
-@click.option("--batch", default=8, show_default=True)
-@click.option("--seq-len", default=256, show_default=True)
-@click.option("--anchors", default=16, show_default=True, help="Random anchors (blocks) per sequence.")
-@click.option("--lr", default=1e-3, show_default=True)
+@loop_options(lr=1e-3)
 @click.option("--decay", default=0.3, show_default=True, help="joint: lambda falls 1 -> 0 over this fraction.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out stream (.pt) or text for the final comparison.")
-@click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt.")
-@click.option("--seed", default=0, show_default=True)
 @guarded
 def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_label, prefix_len, steps, minutes,
                batch, seq_len, anchors, lr, decay, heldout, resume, seed):
@@ -214,18 +213,11 @@ def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_l
 @click.option("--data", multiple=True, required=True,
               help="A token stream (.pt, 1-D int tensor) or text files / folders / JSONL.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (DFlash layout).")
-@click.option("--steps", default=2000, show_default=True, help="Maximum optimizer steps.")
-@click.option("--minutes", type=float, default=None, help="Wall-clock budget; the LR schedule follows it.")
-@click.option("--batch", default=8, show_default=True)
-@click.option("--seq-len", default=256, show_default=True)
-@click.option("--anchors", default=16, show_default=True, help="Random anchors (blocks) per sequence.")
-@click.option("--lr", default=5e-4, show_default=True)
+@loop_options(lr=5e-4)
 @click.option("--beta", default=0.9, show_default=True, help="Pr(visible prefix i) ~ beta^i, i in [2, B-1].")
 @click.option("--gamma", default=7.0, show_default=True, help="Loss weight exp(-(k - i)/gamma) after the prefix.")
 @click.option("--heldout", multiple=True, help="Held-out stream (.pt) or text for the acceptance estimate.")
 @click.option("--heldout-prompts", default=16, show_default=True)
-@click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt.")
-@click.option("--seed", default=0, show_default=True)
 @guarded
 def vp_drafter_cmd(target, init, data, out, steps, minutes, batch, seq_len, anchors, lr, beta, gamma, heldout,
                    heldout_prompts, resume, seed):
