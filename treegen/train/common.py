@@ -30,6 +30,20 @@ def random_windows(stream: torch.Tensor, batch: int, seq_len: int, gen: torch.Ge
     return torch.stack([stream[s:s + seq_len] for s in starts.tolist()]).long()
 
 
+@dataclass(frozen=True)
+class LoopConfig:
+    """What every trainer's loop takes (each recipe's config adds its own fields): batch shape, LR, budget."""
+    batch: int = 8
+    seq_len: int = 256
+    anchors: int = 16
+    lr: float = 1e-3
+    max_steps: int = 2000
+    max_seconds: float = math.inf
+    gamma: float | None = None        # position-weight decay; None: by block size (7 for B=16)
+    seed: int = 0
+    ckpt_every: int = 50
+
+
 @dataclass
 class Schedule:
     """Warm-up then cosine to 10%; progress is steps or wall time, whichever is further along."""

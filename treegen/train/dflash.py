@@ -7,7 +7,6 @@ weighted exp(-(k-1)/gamma) so that early positions, which every accepted prefix 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,26 +15,17 @@ import torch.nn.functional as F
 
 from ..models.checkpoint import save_dflash
 from ..models.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
-from .common import Schedule, fit, random_windows
+from .common import LoopConfig, Schedule, fit, random_windows
 
 GAMMA_BY_BLOCK = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
 @dataclass(frozen=True)
-class DFlashTrainConfig:
+class DFlashTrainConfig(LoopConfig):
     num_layers: int = 3
     block_size: int = 16
     target_layer_ids: tuple[int, ...] | None = None   # None: z-lab's default spread
     intermediate_size: int | None = None              # None: the target's
-    batch: int = 8
-    seq_len: int = 256
-    anchors: int = 16
-    lr: float = 1e-3
-    max_steps: int = 2000
-    max_seconds: float = math.inf
-    gamma: float | None = None                        # None: by block size (7 for B=16)
-    seed: int = 0
-    ckpt_every: int = 50
 
 
 def build_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig, seed: int = 0) -> DFlashDrafter:

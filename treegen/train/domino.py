@@ -9,7 +9,6 @@ embed_proj's last Linear starts at zero, so training starts from exactly the DFl
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,30 +18,21 @@ from torch import nn
 
 from ..models.dflash import DFlashDrafter
 from ..models.domino import DominoHead, HeadConfig, save_domino
-from .common import Schedule, fit, random_windows
+from .common import LoopConfig, Schedule, fit, random_windows
 from .dflash import GAMMA_BY_BLOCK, block_pass, freeze, position_weights, sample_anchors, weighted_ce
 
 RECIPES = ("head", "joint")
 
 
 @dataclass(frozen=True)
-class DominoTrainConfig:
+class DominoTrainConfig(LoopConfig):
     recipe: str = "head"
     emb_dim: int = 128
     gru_hidden_dim: int = 256
     shift_label: bool = False
     pure_draft_prefix_len: int = 0
-    batch: int = 8
-    seq_len: int = 256
-    anchors: int = 16
-    lr: float = 1e-3
-    max_steps: int = 2000
-    max_seconds: float = math.inf
     decay: float = 0.3        # joint: the fraction of training over which lambda falls from 1 to 0
     warmup: int = 20          # LR warm-up steps (CPU runs here are a few hundred steps long)
-    gamma: float | None = None
-    seed: int = 0
-    ckpt_every: int = 50
 
     def head(self) -> HeadConfig:
         return HeadConfig(self.emb_dim, self.gru_hidden_dim, self.shift_label, self.pure_draft_prefix_len)

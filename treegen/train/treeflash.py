@@ -8,7 +8,6 @@ entropy, optionally mixed with the target's own distribution at that position (`
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,21 +15,13 @@ import torch
 import torch.nn.functional as F
 
 from ..models.treeflash import TreeFlashModel, save_treeflash
-from .common import Schedule, fit, random_windows
+from .common import LoopConfig, Schedule, fit, random_windows
 from .dflash import GAMMA_BY_BLOCK, block_pass, freeze, position_weights, sample_anchors, weighted_ce
 
 
 @dataclass(frozen=True)
-class TreeFlashTrainConfig:
-    batch: int = 8
-    seq_len: int = 256
-    anchors: int = 16
-    lr: float = 1e-3
-    max_steps: int = 2000
-    max_seconds: float = math.inf
-    gamma: float | None = None    # None: by block size (7 for B=16)
+class TreeFlashTrainConfig(LoopConfig):
     soft: float = 0.0             # weight of KL(target || head) against the hard labels
-    seed: int = 0
     ckpt_every: int = 25
 
 

@@ -6,7 +6,6 @@ dominate); the rest are MASK, and the loss is on positions k >= i weighted exp(-
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,21 +13,15 @@ import torch
 
 from ..models.dflash import DFlashDrafter
 from ..models.vp_drafter import mark_variable_prefix, save_vp_drafter
-from .common import Schedule, fit, random_windows
+from .common import LoopConfig, Schedule, fit, random_windows
 from .dflash import block_loss, freeze, sample_anchors
 
 
 @dataclass(frozen=True)
-class VPTrainConfig:
-    batch: int = 8
-    seq_len: int = 256
-    anchors: int = 16
+class VPTrainConfig(LoopConfig):
     lr: float = 5e-4           # a fine-tune of a trained drafter (the reference's 6e-4 starts from scratch)
-    max_steps: int = 2000
-    max_seconds: float = math.inf
     beta: float = 0.9
     gamma: float = 7.0
-    seed: int = 0
     ckpt_every: int = 25
     warmup: int = 30
 
