@@ -214,9 +214,9 @@ def test_sampling_matches_target_distribution(tmp_path):
     folder = random_domino(model, tmp_path, head, block_size=4, layer_ids=(0,))
     drafter = build_drafter("dartree", model, str(folder), {"budget": 6, "width": 3})
     sampler = CONFIGS["top_k"]
-    counts, deep = first_three(model, drafter, sampler, 1_500, seed=3)
+    counts, deep = first_three(model, drafter, sampler, 1_000, seed=3)
     stat, threshold = chi_square(counts, exact_joint(model, sampler))
-    assert deep > 100 and stat < threshold, (deep, stat, threshold)
+    assert deep > 60 and stat < threshold, (deep, stat, threshold)
 
 
 # --- the shipped demo checkpoint -----------------------------------------------------------------------------
