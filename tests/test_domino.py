@@ -98,11 +98,16 @@ def proposal(drafter, target, prompt: torch.Tensor, max_depth: int = 99):
         return drafter.propose(DraftState(prompt, max_depth))
 
 
-def paths(tree) -> set[tuple[int, ...]]:
+def tree_paths_in_order(tree) -> list[tuple[int, ...]]:
+    """Each node's token path from the anchor, in node order."""
     out, toks, par = [], tree.tokens.tolist(), tree.parents.tolist()
     for i in range(len(toks)):
         out.append((out[par[i]] if par[i] >= 0 else ()) + (toks[i],))
-    return set(out)
+    return out
+
+
+def paths(tree) -> set[tuple[int, ...]]:
+    return set(tree_paths_in_order(tree))
 
 
 @pytest.fixture(scope="module")
@@ -139,13 +144,6 @@ def test_zero_head_gives_marginal_scores_and_ddtree(target, zero_dir):
         fixed = proposal(build_drafter("dartree", target, str(zero_dir), {"variant": "fixed", "budget": 21}),
                          target, prompt)
         assert len(fixed) == 21 and fixed.depth.bincount().tolist()[1:] == [3] * 7  # ceil(remaining / depths)
-
-
-def tree_paths_in_order(tree) -> list[tuple[int, ...]]:
-    out, toks, par = [], tree.tokens.tolist(), tree.parents.tolist()
-    for i in range(len(toks)):
-        out.append((out[par[i]] if par[i] >= 0 else ()) + (toks[i],))
-    return out
 
 
 def test_dartree_respects_budget_and_branches(target, domino_dir):
@@ -216,9 +214,9 @@ def test_sampling_matches_target_distribution(tmp_path):
     folder = random_domino(model, tmp_path, head, block_size=4, layer_ids=(0,))
     drafter = build_drafter("dartree", model, str(folder), {"budget": 6, "width": 3})
     sampler = CONFIGS["top_k"]
-    counts, deep = first_three(model, drafter, sampler, 1_500, seed=3)
+    counts, deep = first_three(model, drafter, sampler, 1_000, seed=3)
     stat, threshold = chi_square(counts, exact_joint(model, sampler))
-    assert deep > 100 and stat < threshold, (deep, stat, threshold)
+    assert deep > 60 and stat < threshold, (deep, stat, threshold)
 
 
 # --- the shipped demo checkpoint -----------------------------------------------------------------------------
