@@ -8,20 +8,10 @@ import pty
 import termios
 
 from rich.console import Console
+from test_cli_ui import chunks  # the same fake stream of rounds
 
-from treegen.api import Chunk
-from treegen.engine.generate import Round
 from treegen.engine.stats import Stats
 from treegen.ui import LiveView, PlainView, expand_tabs, make_view, quiet_keys, row_end, summary
-
-
-def chunks(texts):
-    stats = Stats()
-    for i, text in enumerate(texts):
-        r = Round(i, [i], 3, 3, 1 if i else 0, 0.001, 0.01, 0.001, "length" if i == len(texts) - 1 else None)
-        stats.add(r)
-        stats.wall_time += 0.012
-        yield Chunk(text, r, stats, r.finish)
 
 
 def test_a_line_taller_than_the_screen_keeps_the_live_area_in_it():
