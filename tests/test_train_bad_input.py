@@ -13,6 +13,7 @@ from treegen.cli import cli
 def corpus(tmp_path):
     (tmp_path / "text.txt").write_text("def add(a, b):\n    return a + b\n" * 4)
     (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "text.pt").write_text("not a tensor")
     return tmp_path
 
 
@@ -23,6 +24,8 @@ BAD = {
     "lr 0": ("--lr 0", "--lr"),
     "empty data": ("--data {tmp}/empty.txt", "empty"),
     "missing data": ("--data {tmp}/none.txt", "no such file"),
+    "missing stream": ("--data {tmp}/none.pt", "cannot read a token stream"),
+    "text as stream": ("--data {tmp}/text.pt", "cannot read a token stream"),
     "block above seq-len": ("--block-size 64 --seq-len 32", "--block-size"),
     "too many anchors": ("--seq-len 32 --block-size 16 --anchors 20", "--anchors"),
     "target layers": ("--target-layers 1,x", "--target-layers"),

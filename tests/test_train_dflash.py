@@ -66,3 +66,13 @@ def test_training_raises_heldout_acceptance(tiny_model_dir, tmp_path):
     assert after["T=0"] >= before["T=0"] + 0.3, (before, after)  # measured: 1.02 -> 1.42
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == 8
+
+    # --init continues that drafter (its shape wins over --layers), on a saved stream plus text
+    cont = tmp_path / "continued"
+    args = ["dflash", "--target", str(target), "--init", str(out), "--data", str(out / "regenerated.pt"),
+            "--data", str(data), "--out", str(cont), "--layers", "3", "--steps", "3", "--batch", "2",
+            "--seq-len", "64", "--anchors", "4"]
+    result = CliRunner().invoke(train, args)
+    assert result.exit_code == 0, result.output
+    cfg = json.loads((cont / "config.json").read_text())
+    assert cfg["block_size"] == 8 and cfg["num_hidden_layers"] == 1

@@ -371,15 +371,16 @@ def check_output_path(path: str | None, flag: str) -> None:
 def check_training_inputs(source: str | None, data: list[str], out: Path, resume: bool,
                           needs_config: bool = True) -> None:
     """What a training run names, checked before anything loads: a usage error (exit 2) otherwise."""
-    from .train.data import DataError, read_data
+    from .train.data import DataError, load_stream, read_data
 
     try:
         if source is not None:
             check_source(source, "target", needs_config=needs_config)
-        texts = read_data(data)
+        streams = [load_stream(d) for d in data if d.endswith(".pt")]
+        texts = read_data([d for d in data if not d.endswith(".pt")]) if len(streams) < len(data) else []
     except (OptionError, DataError, OSError) as err:
         raise click.UsageError(clip(str(err))) from None
-    if not any(t.strip() for t in texts):
+    if not any(t.strip() for t in texts) and not any(len(s) for s in streams):
         raise click.UsageError(f"--data {clip(', '.join(data))}: the training text is empty")
     if out.exists() and not out.is_dir():
         raise click.UsageError(f"--out {shown_path(out)}: is a file, not a folder")

@@ -16,6 +16,14 @@ def demo_asset(value: str) -> Path | None:
     return ASSETS / "demo" / name if name and "/" not in name and ".." not in name else None
 
 
+def shipped(name: str, kind: str) -> str:
+    """`demo` is the shipped demo target (kind "target") or DFlash drafter, `demo/NAME` another shipped
+    checkpoint; anything else is returned as given (a folder or hub id)."""
+    if name == "demo":
+        return str(DEMO_TARGET if kind == "target" else DEMO_DRAFTER)
+    return str(demo_asset(name) or name)
+
+
 # the shipped checkpoint each method reads on the demo target (the rest take the DFlash drafter)
 DEMO_CHECKPOINTS = {"treeflash": "treeflash", "domino": "domino", "dartree": "domino"}
 

@@ -57,12 +57,14 @@ def loop_options(lr: float = 1e-3):
 @click.option("--block-size", type=click.IntRange(min=2), default=16, show_default=True)
 @click.option("--target-layers", default=None, help="Comma-separated target layer ids (default: z-lab's spread).")
 @click.option("--mask-token-id", type=click.IntRange(min=0), default=None, help="Default: the tokenizer's mask token.")
+@click.option("--init", default=None, help="Continue training this DFlash drafter (folder, hub id, demo or "
+              "demo/NAME); its own shape replaces --layers, --block-size, --target-layers, --mask-token-id.")
 @loop_options(lr=1e-3)
 @click.option("--regenerate", "regen", type=click.IntRange(min=0), default=0,
               help="Train on N target-regenerated sequences.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out text for the final acceptance estimate.")
 @guarded
-def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, steps, minutes, batch,
+def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, init, steps, minutes, batch,
                seq_len, anchors, lr, regen, heldout, resume, seed):
     """Train a DFlash block-diffusion drafter for TARGET; writes z-lab's checkpoint layout to OUT.
 
@@ -82,7 +84,7 @@ def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_
                             max_seconds=_budget(minutes), seed=seed)
     with stop_signals(), new_folder(out):
         train_dflash_pipeline(target, list(data), out, cfg, mask_token_id=mask_token_id, regen=regen,
-                              heldout=list(heldout), resume=resume, log=_log)
+                              heldout=list(heldout), resume=resume, init=init, log=_log)
 
 
 def layer_ids(text: str | None) -> tuple[int, ...] | None:

@@ -51,6 +51,32 @@ def tokenize(texts: list[str], tokenizer) -> torch.Tensor:
     return encode_corpus(texts, tokenizer)
 
 
+def read_stream(paths: list[str], tokenizer) -> torch.Tensor:
+    """One token stream from saved streams (.pt files of 1-D integer ids, as --regenerate caches) and
+    text files / folders / JSONL (tokenized), concatenated in the order given."""
+    parts, texts = [], []
+    for name in paths:
+        if name.endswith(".pt"):
+            parts.append(load_stream(name))
+        else:
+            texts.append(name)
+    if texts:
+        parts.append(tokenize(read_data(texts), tokenizer))
+    return torch.cat([p.to(torch.int32) for p in parts]) if len(parts) > 1 else parts[0]
+
+
+def load_stream(name: str) -> torch.Tensor:
+    import pickle
+
+    try:
+        stream = torch.load(name)
+    except (OSError, RuntimeError, pickle.UnpicklingError, EOFError) as err:
+        raise DataError(f"{name}: cannot read a token stream ({str(err).splitlines()[0]})") from err
+    if not isinstance(stream, torch.Tensor) or stream.dim() != 1 or stream.is_floating_point():
+        raise DataError(f"{name}: expected a 1-D integer tensor of token ids")
+    return stream
+
+
 @torch.no_grad()
 def regenerate(target, stream: torch.Tensor, n_seqs: int, prompt_len: int, gen_len: int,
                temperatures: tuple[float, ...] = (0.0, 1.0), batch: int = 32, seed: int = 0, log=None):

@@ -19,6 +19,7 @@ from torch import nn
 from ..models.dflash import DFlashDrafter
 from ..models.domino import DominoHead, HeadConfig, save_domino
 from .common import LoopConfig, Schedule, fit, random_windows
+from .data import read_stream
 from .dflash import GAMMA_BY_BLOCK, block_pass, freeze, position_weights, sample_anchors, weighted_ce
 
 RECIPES = ("head", "joint")
@@ -124,19 +125,7 @@ class Clock:
         return now
 
 
-def token_stream(paths: list[str], tokenizer) -> torch.Tensor:
-    """A saved token stream (one .pt file, as `treegen train dflash --regenerate` caches), or texts to encode."""
-    from .data import DataError, read_data, tokenize
 
-    if len(paths) == 1 and paths[0].endswith(".pt"):
-        try:
-            stream = torch.load(paths[0])
-        except (OSError, RuntimeError) as err:
-            raise DataError(f"{paths[0]}: cannot read the token stream ({err})") from err
-        if not isinstance(stream, torch.Tensor) or stream.dim() != 1:
-            raise DataError(f"{paths[0]}: expected a flat tensor of token ids")
-        return stream
-    return tokenize(read_data(paths), tokenizer)
 
 
 # method label -> (method, checkpoint: "dflash" or "domino", options)
@@ -174,9 +163,9 @@ def train_domino_pipeline(target_name: str, dflash_path: str, data: list[str], o
     if cfg.pure_draft_prefix_len >= cfg.head().drafts(backbone.config.block_size):
         raise ValueError(f"--prefix-len {cfg.pure_draft_prefix_len} leaves no draft for the head to correct")
     head = new_head(backbone, cfg)
-    stream = token_stream(list(data), tok)
+    stream = read_stream(list(data), tok)
     log(f"domino head ({cfg.recipe} recipe): {sum(p.numel() for p in head.parameters()) / 1e6:.2f}M parameters, "
         f"E={cfg.emb_dim} G={cfg.gru_hidden_dim} shift_label={cfg.shift_label}; {len(stream)} training tokens")
     steps, secs = train_domino(target, backbone, head, stream, out, cfg, resume=resume)
     log(f"trained {steps} steps in {secs / 60:.1f} min; checkpoint in {out}")
-    return compare(target, dflash_path, str(out), token_stream(list(heldout), tok), log=log) if heldout else {}
+    return compare(target, dflash_path, str(out), read_stream(list(heldout), tok), log=log) if heldout else {}

@@ -7,14 +7,14 @@ import torch
 
 from ..drafters.dflash import DFlashBlock, DFlashChainDrafter
 from ..loading import load_target
-from ..models.checkpoint import load_dflash
-from .data import read_data, regenerate, tokenize
+from ..models.checkpoint import check_fits, load_dflash
+from .data import read_stream, regenerate
 from .dflash import DFlashTrainConfig, build_drafter, train_dflash
 from .evaluate import acceptance, heldout_prompts
 
 
 def training_stream(target, tok, data: list[str], out: Path, regen: int, seq_len: int, log) -> torch.Tensor:
-    stream = tokenize(read_data(data), tok)
+    stream = read_stream(data, tok)
     if not regen:
         return stream
     cached = out / "regenerated.pt"
@@ -38,23 +38,34 @@ def estimate(target, out: Path, heldout_stream: torch.Tensor, log, n: int = 8) -
     return result
 
 
-def train_dflash_pipeline(target_name: str, data: list[str], out: Path, cfg: DFlashTrainConfig, *,
-                          mask_token_id: int | None = None, regen: int = 0, heldout: list[str] = (),
-                          resume: bool = False, log=print) -> dict:
-    target, tok = load_target(target_name, dtype="fp32", device="cpu")
+def start_drafter(target, tok, cfg: DFlashTrainConfig, mask_token_id: int | None, init: str | None):
+    """A fresh drafter of cfg's shape, or (init) a trained one to continue, refused if it does not fit."""
+    if init is not None:
+        from ..assets import shipped
+
+        drafter = load_dflash(shipped(init, "drafter"))
+        check_fits(drafter.config, target)
+        return drafter.train()
     mask = mask_token_id if mask_token_id is not None else tok.mask_token_id
     if mask is None:
         raise ValueError("the tokenizer has no mask token; pass --mask-token-id (an unused embedding row)")
+    return build_drafter(target, mask, cfg, cfg.seed)
+
+
+def train_dflash_pipeline(target_name: str, data: list[str], out: Path, cfg: DFlashTrainConfig, *,
+                          mask_token_id: int | None = None, regen: int = 0, heldout: list[str] = (),
+                          resume: bool = False, init: str | None = None, log=print) -> dict:
+    target, tok = load_target(target_name, dtype="fp32", device="cpu")
     stream = training_stream(target, tok, data, out, regen, cfg.seq_len, log)
-    drafter = build_drafter(target, mask, cfg, cfg.seed)
+    drafter = start_drafter(target, tok, cfg, mask_token_id, init)
     log(f"drafter: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters, "
         f"target layers {list(drafter.config.target_layer_ids)}; {len(stream)} training tokens")
     if heldout:
         untrained_dir = out / "untrained"
         from ..models.checkpoint import save_dflash
         save_dflash(drafter, untrained_dir)
-        log("untrained baseline:")
-        estimate(target, untrained_dir, tokenize(read_data(heldout), tok), log)
+        log("before training:" if init else "untrained baseline:")
+        estimate(target, untrained_dir, read_stream(heldout, tok), log)
     steps, secs = train_dflash(target, drafter, stream, out, cfg, resume=resume, log=log)
     log(f"trained {steps} steps in {secs / 60:.1f} min; checkpoint in {out}")
-    return estimate(target, out, tokenize(read_data(heldout), tok), log) if heldout else {}
+    return estimate(target, out, read_stream(heldout, tok), log) if heldout else {}

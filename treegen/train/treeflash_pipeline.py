@@ -14,16 +14,9 @@ from ..drafters.treeflash import TreeFlashDrafter
 from ..loading import load_target
 from ..models.checkpoint import load_dflash, read_config, resolve_checkpoint
 from ..models.treeflash import TreeFlashModel, fits, from_dflash, load_treeflash
-from .data import read_data, tokenize
+from .data import read_stream
 from .evaluate import acceptance, heldout_prompts
 from .treeflash import TreeFlashTrainConfig, train_treeflash
-
-
-def read_stream(paths: list[str], tok) -> torch.Tensor:
-    """A saved token stream (.pt, as `training_stream` writes) or text files/folders, tokenized."""
-    if len(paths) == 1 and paths[0].endswith(".pt"):
-        return torch.load(paths[0]).long()
-    return tokenize(read_data(paths), tok)
 
 
 def start_model(drafter: str, out: Path, resume: bool) -> TreeFlashModel:

@@ -13,7 +13,9 @@ import torch
 
 from ..models.dflash import DFlashDrafter
 from ..models.vp_drafter import mark_variable_prefix, save_vp_drafter
+from ..assets import shipped
 from .common import LoopConfig, Schedule, fit, random_windows
+from .data import read_stream
 from .dflash import block_loss, freeze, sample_anchors
 
 
@@ -65,30 +67,6 @@ def train_vp_drafter(target, drafter: DFlashDrafter, stream: torch.Tensor, out_d
     return step, elapsed
 
 
-def read_stream(paths: list[str], tok) -> torch.Tensor:
-    """A saved token stream (one .pt file holding a 1-D integer tensor) or text files / folders / JSONL."""
-    from .data import DataError, read_data, tokenize
-
-    if len(paths) == 1 and paths[0].endswith(".pt"):
-        try:
-            stream = torch.load(paths[0])
-        except (OSError, RuntimeError) as err:
-            raise DataError(f"{paths[0]}: cannot read a token stream ({str(err).splitlines()[0]})") from err
-        if not isinstance(stream, torch.Tensor) or stream.dim() != 1 or stream.is_floating_point():
-            raise DataError(f"{paths[0]}: expected a 1-D integer tensor of token ids")
-        return stream
-    return tokenize(read_data(paths), tok)
-
-
-def resolve(name: str, kind: str) -> str:
-    """`demo` is the shipped demo target / DFlash drafter, `demo/NAME` another shipped checkpoint."""
-    from ..assets import DEMO_DRAFTER, DEMO_TARGET, demo_asset
-
-    if name == "demo":
-        return str(DEMO_TARGET if kind == "target" else DEMO_DRAFTER)
-    return str(demo_asset(name) or name)
-
-
 def heldout_acceptance(target, first: str, vp_drafters: dict[str, str], stream: torch.Tensor, n: int,
                        new_tokens: int = 64, log=print) -> dict:
     """tau through the real engine at T=0 on n held-out prompts: dflash, then d2sd (K=4, B2=B) per VP-drafter."""
@@ -112,8 +90,8 @@ def vp_pipeline(target_name: str, init: str, data: list[str], out: Path, cfg: VP
     from ..loading import load_target
     from ..models.checkpoint import check_fits, load_dflash
 
-    target, tok = load_target(resolve(target_name, "target"), dtype="fp32", device="cpu")
-    init = resolve(init, "drafter")
+    target, tok = load_target(shipped(target_name, "target"), dtype="fp32", device="cpu")
+    init = shipped(init, "drafter")
     drafter = load_dflash(init)
     check_fits(drafter.config, target)
     stream = read_stream(data, tok)
