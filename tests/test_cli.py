@@ -52,7 +52,7 @@ def test_stats_json_fields_are_present_and_consistent(tiny_model_dir, prompt_fil
                 "rounds", "mean_accepted_length", "acceptance_per_position", "mean_tree_size", "wall_time_s",
                 "tokens_per_second", "time_split_s", "temperature", "seed"):
         assert key in record, key
-    assert {"draft", "verify", "other"} <= set(record["time_split_s"])
+    assert {"draft", "build", "verify", "other"} <= set(record["time_split_s"])
     assert record["method"] == "pld" and record["target"] == str(Path(tiny_model_dir).resolve())
     assert len(record["token_ids"]) == record["new_tokens"] == 24 and record["finish"] == "length"
     # each decode round commits mean_accepted_length tokens on average; the prefill adds one; only the

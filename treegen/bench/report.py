@@ -82,11 +82,12 @@ def positions(rates: list[float] | None) -> str:
 
 
 def split(s: Summary) -> str:
-    """draft / verify / other as percent of wall time; the prefill counts as verify (a target forward)."""
+    """draft / build / verify / other as percent of wall time: the drafter's neural passes, the tree build
+    (best-first or merge, dedup, trim, mask), the target forwards (the prefill included), the rest."""
     t = s.time_split_s
     if not t or not s.wall_time_s:
         return ""
-    parts = (t["draft"], t["verify"] + t["prefill"], t["other"])
+    parts = (t["draft"], t.get("build", 0.0), t["verify"] + t["prefill"], t["other"])
     return "/".join(f"{100 * p / s.wall_time_s:.0f}" for p in parts)
 
 
@@ -115,7 +116,7 @@ def table(results: list[Result], title: str):
     t = Table(title=title, title_justify="left")
     for name, justify in (("prompts", "left"), ("method", "left"), ("accept len", "right"),
                           ("accept by position", "left"), ("tree", "right"), ("tok/s", "right"),
-                          ("speedup vs ar (range)", "right"), ("draft/verify/other %", "right"), ("= ar", "left")):
+                          ("speedup vs ar (range)", "right"), ("draft/build/verify/other %", "right"), ("= ar", "left")):
         t.add_column(name, justify=justify)
     for category, summaries in by_category(results).items():
         for i, (label, s) in enumerate(summaries.items()):

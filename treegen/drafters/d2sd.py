@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..engine.drafter import BuildClock
 from ..engine.tree import DraftTree, merge_paths
 from ..models.checkpoint import CheckpointError
 from ..models.vp_drafter import is_variable_prefix
@@ -29,7 +30,7 @@ def rejection_points(conf: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(reach * (1 - conf), min(k, conf.numel())).indices.sort().values
 
 
-class D2SDDrafter:
+class D2SDDrafter(BuildClock):
     name = "d2sd"
 
     def __init__(self, first: DFlashBlock, vp: DFlashBlock, k: int = D.D2SD_K, b2: int = D.D2SD_B2,
@@ -67,7 +68,8 @@ class D2SDDrafter:
         if self.b2 == self.first.block_size:  # the first draft is a path of its own, listed first
             tokens, scores = torch.cat([draft[None], tokens]), torch.cat([conf.log().cumsum(0)[None], scores])
             lengths = torch.cat([lengths.new_tensor([draft.numel()]), lengths])
-        return keep_best(merge_paths(tokens, lengths, scores), self.budget)
+        with self.building(tokens.device):
+            return keep_best(merge_paths(tokens, lengths, scores), self.budget)
 
     def branches(self, anchor: int, draft: torch.Tensor, conf: torch.Tensor, points: torch.Tensor):
         """[P, B2-1] tokens of each branch (its first points[p] drafts, then the VP-drafter's) and their

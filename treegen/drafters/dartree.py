@@ -77,8 +77,9 @@ class DARTreeDrafter(HeadDrafter):
             score, made, remaining = top.values, made + len(kept), remaining - len(kept)
             if d + 1 < depth:
                 h = t.gru_step(kept, h[rows])                         # the children's states, one batched cell
-        tree = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), torch.cat(scores))
-        return self.prune(tree) if self.variant == "pruned" else tree
+        with self.building(z.device):
+            tree = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), torch.cat(scores))
+            return self.prune(tree) if self.variant == "pruned" else tree
 
     def prune(self, tree: DraftTree) -> DraftTree:
         """The global top-`budget` of the width-limited supertree by score + depth_bonus x depth."""

@@ -7,6 +7,7 @@ import torch
 from ..engine.tree import DraftTree
 from ..models.checkpoint import check_fits, load_dflash
 from ..models.dflash import ContextKV, DFlashDrafter
+from ..engine.drafter import BuildClock
 from .base import DraftState
 
 
@@ -64,7 +65,7 @@ class DFlashBlock:
         return self.lm_head(self.hidden(anchor)[1:1 + depth]).float()
 
 
-class BlockDrafter:
+class BlockDrafter(BuildClock):
     """A method that drafts from one DFlash pass per round; subclasses turn the marginals into a tree."""
     name = "block"
 
@@ -87,8 +88,9 @@ class BlockDrafter:
 
     def draft(self, anchor: int, depth: int) -> DraftTree:
         """The tree from this round's one drafter pass; by default, from the marginals alone."""
-        logits = self.block.marginal_logits(anchor, depth)
-        return self.tree(torch.log_softmax(logits, dim=-1))
+        logp = torch.log_softmax(self.block.marginal_logits(anchor, depth), dim=-1)
+        with self.building(logp.device):
+            return self.tree(logp)
 
     def tree(self, logp: torch.Tensor) -> DraftTree:
         """[depth, V] marginal log-probs -> the draft tree."""

@@ -56,7 +56,9 @@ class TreeFlashDrafter(BlockDrafter):
 
     def draft(self, anchor: int, depth: int) -> DraftTree:
         hidden = self.block.hidden(anchor, normed=False)[1:1 + depth]   # [D, H] before the final norm
-        return best_first(*self.tables(hidden, anchor), self.budget)
+        tables = self.tables(hidden, anchor)
+        with self.building(hidden.device):
+            return best_first(*tables, self.budget)
 
     @torch.no_grad()
     def tables(self, hidden: torch.Tensor, anchor: int):

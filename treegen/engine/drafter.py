@@ -1,6 +1,9 @@
 """The seam between the engine and every method: propose a tree, then learn what was committed."""
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,3 +32,25 @@ class Drafter(Protocol):
     def commit(self, tokens: list[int], features: torch.Tensor | None) -> None:
         """The round's committed tokens (accepted drafts + bonus) and the target features of the rows
         that were accepted (the anchor and the accepted drafts; the bonus has none yet)."""
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued GPU work, so that a timer reads what ran before it (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class BuildClock:
+    """For drafters: times the host-side tree build of the last proposal apart from the neural passes
+    before it; the engine reads t_build after each propose() (a drafter without it reports 0)."""
+    t_build: float = 0.0
+
+    @contextmanager
+    def building(self, device: torch.device) -> Iterator[None]:
+        sync(device)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            sync(device)
+            self.t_build = time.perf_counter() - t0

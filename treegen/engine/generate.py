@@ -14,7 +14,7 @@ import torch
 
 from .budget import AutoBudget, VerifyCost
 from .cache import check_compactable, compact, new_cache
-from .drafter import Drafter, DraftState
+from .drafter import Drafter, DraftState, sync
 from .sampling import Sampler
 from .tree import DraftTree, verification_inputs
 from .verify import Verdict, verify_tree
@@ -47,15 +47,11 @@ class Round:
     drafted: int            # nodes in the verified tree
     depth: int              # depth of that tree
     accepted: int           # draft tokens accepted (before truncation); committed = accepted + 1
-    t_draft: float
-    t_verify: float
-    t_commit: float
+    t_draft: float          # the drafter's neural passes
+    t_verify: float         # the target forward
+    t_commit: float         # the verify walk, cache compaction and bookkeeping
     finish: str | None = None  # "eos" | "length" | "context" on the last round
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    t_build: float = 0.0    # the tree build: best-first / merge, dedup, budget trim, mask and positions
 
 
 class _Loop:
@@ -69,6 +65,7 @@ class _Loop:
         self.tokens = prompt.clone()   # committed ids; the last is the anchor, whose KV is not cached yet
         self.prompt_len = prompt.numel()
         self.auto = AutoBudget(config.verify_cost) if config.verify_cost is not None else None
+        self.t_tree = self.t_mask = self.t_walk = 0.0   # this round's tree build, mask build, verify walk
         self.generator = None
         if config.seed is not None:
             self.generator = torch.Generator(self.device).manual_seed(config.seed)
@@ -105,18 +102,30 @@ class _Loop:
         return self.tokens.numel() - self.prompt_len
 
     def draft(self) -> DraftTree:
+        if hasattr(self.drafter, "t_build"):
+            self.drafter.t_build = 0.0   # a proposal that builds no tree reports none
         t0 = time.perf_counter()
         tree = self.drafter.propose(DraftState(self.tokens, self.room()))
+        sync(self.device)
+        t1 = time.perf_counter()
         tree = tree.dedup().truncate_depth(self.room()) if len(tree) else tree
         if self.auto is not None:
-            _sync(self.device)
-            tree = self.auto.trim(tree, time.perf_counter() - t0)
+            tree = self.auto.trim(tree, t1 - t0)
+        self.t_tree = getattr(self.drafter, "t_build", 0.0) + time.perf_counter() - t1
         return tree
 
     def verify(self, tree: DraftTree) -> tuple[Verdict, torch.Tensor | None]:
+        t0 = time.perf_counter()
         ids, pos, mask = verification_inputs(int(self.tokens[-1]), tree, self.past_len, self.model.dtype)
+        sync(self.device)
+        t1 = time.perf_counter()
+        self.t_mask = t1 - t0
         logits, feats = self.target_forward(ids, pos, mask)
-        return verify_tree(tree, logits, self.config.sampler, self.generator), feats
+        sync(self.device)
+        t2 = time.perf_counter()
+        verdict = verify_tree(tree, logits, self.config.sampler, self.generator)
+        self.t_walk = time.perf_counter() - t2
+        return verdict, feats
 
     def commit(self, verdict: Verdict, feats: torch.Tensor | None) -> None:
         rows = [0] + [i + 1 for i in verdict.path]
@@ -161,14 +170,14 @@ def _nothing() -> Iterator[Round]:
 def _rounds(loop: _Loop) -> Iterator[Round]:
     t0 = time.perf_counter()
     tokens, finish = loop.append(loop.prefill())
-    _sync(loop.device)
+    sync(loop.device)
     yield Round(0, tokens, 0, 0, 0, 0.0, time.perf_counter() - t0, 0.0, finish)
     index = 0
     while finish is None:
         index += 1
         t0 = time.perf_counter()
         tree = loop.draft()
-        _sync(loop.device)
+        sync(loop.device)
         t1 = time.perf_counter()
         verdict, feats = loop.verify(tree)
         t2 = time.perf_counter()
@@ -176,7 +185,9 @@ def _rounds(loop: _Loop) -> Iterator[Round]:
             loop.auto.observe(tree, verdict.path)
         loop.commit(verdict, feats)
         tokens, finish = loop.append(verdict.tokens)
-        _sync(loop.device)
+        sync(loop.device)
         t3 = time.perf_counter()
         depth = int(tree.depth.max()) if len(tree) else 0
-        yield Round(index, tokens, len(tree), depth, len(verdict.path), t1 - t0, t2 - t1, t3 - t2, finish)
+        tree_s, mask_s, walk_s = loop.t_tree, loop.t_mask, loop.t_walk
+        yield Round(index, tokens, len(tree), depth, len(verdict.path), t1 - t0 - tree_s, t2 - t1 - mask_s - walk_s,
+                    t3 - t2 + walk_s, finish, tree_s + mask_s)

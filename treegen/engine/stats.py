@@ -16,6 +16,7 @@ class Stats:
     accept_histogram: Counter = field(default_factory=Counter)  # accepted drafts per round -> count
     time_prefill: float = 0.0
     time_draft: float = 0.0
+    time_build: float = 0.0
     time_verify: float = 0.0
     time_commit: float = 0.0
     wall_time: float = 0.0
@@ -32,6 +33,7 @@ class Stats:
         self.drafted += r.drafted
         self.accept_histogram[r.accepted] += 1
         self.time_draft += r.t_draft
+        self.time_build += r.t_build
         self.time_verify += r.t_verify
         self.time_commit += r.t_commit
 
@@ -56,16 +58,16 @@ class Stats:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("accept_histogram")
-        for key in ("time_prefill", "time_draft", "time_verify", "time_commit"):
+        for key in ("time_prefill", "time_draft", "time_build", "time_verify", "time_commit"):
             d.pop(key)
-        other = max(self.wall_time - self.time_prefill - self.time_draft - self.time_verify, 0.0)
+        other = max(self.wall_time - self.time_prefill - self.time_draft - self.time_build - self.time_verify, 0.0)
         d.update(
             mean_accepted_length=self.mean_accepted_length,
             acceptance_per_position=self.acceptance_per_position,
             accept_histogram={str(k): v for k, v in sorted(self.accept_histogram.items())},
             mean_tree_size=self.drafted / self.rounds if self.rounds else 0.0,
             wall_time_s=self.wall_time, tokens_per_second=self.tokens_per_second,
-            time_split_s={"prefill": self.time_prefill, "draft": self.time_draft,
+            time_split_s={"prefill": self.time_prefill, "draft": self.time_draft, "build": self.time_build,
                           "verify": self.time_verify, "other": other})
         d.pop("wall_time")
         return d
