@@ -66,7 +66,8 @@ def test_bad_sampler_settings(kwargs, message):
 def test_context_limit_stops_cleanly(model, method, prompt_len):
     """Generation that reaches the context ends with finish == "context": no position past the limit."""
     positions = []
-    forward = model.forward
+    decoder = model.get_decoder()   # every target step runs it (with or without the lm_head over all rows)
+    forward = decoder.forward
 
     def spy(*args, **kwargs):
         ids, pos = kwargs["input_ids"], kwargs.get("position_ids")
@@ -74,12 +75,12 @@ def test_context_limit_stops_cleanly(model, method, prompt_len):
         return forward(*args, **kwargs)
 
     prompt = ([3, 9, 27, 17] * CONTEXT)[:prompt_len]  # repeats: pld proposes deep chains near the limit
-    model.forward = spy
+    decoder.forward = spy
     try:
         out, rounds = tokens(model, build_drafter(method, model), prompt,
                              GenerationConfig(1000, context_length=CONTEXT))
     finally:
-        del model.forward
+        del decoder.forward
     assert len(prompt) + len(out) == CONTEXT
     assert rounds[-1].finish == "context" and all(r.finish is None for r in rounds[:-1])
     assert max(positions) < CONTEXT

@@ -217,8 +217,16 @@ def _children(tree: DraftTree) -> dict[int, list[int]]:
     return kids
 
 
+def dense(logits) -> torch.Tensor:
+    """[n+1, V] from what the engine passes a verifier (engine/target.py Logits, eager or lazy)."""
+    if isinstance(logits, torch.Tensor):
+        return logits
+    return torch.cat([logits.row(i) for i in range(len(logits))])
+
+
 def verify_draw_per_child(tree, logits, sampler, generator=None) -> Verdict:
     """WRONG: a fresh draw for every child tried, accepting the child if the draw equals it."""
+    logits = dense(logits)
     probs, kids, toks = sampler.probs(logits), _children(tree), tree.tokens.tolist()
     path, node = [], -1
     while True:
@@ -234,6 +242,7 @@ def verify_draw_per_child(tree, logits, sampler, generator=None) -> Verdict:
 
 def verify_raw_walk(tree, logits, sampler, generator=None) -> Verdict:
     """WRONG: the walk draws from softmax(logits / T) ignoring top-k/p/min-p; only the bonus is processed."""
+    logits = dense(logits)
     raw = Sampler(temperature=sampler.temperature)
     draws, toks = raw.sample(logits, generator).tolist(), tree.tokens.tolist()
     index = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents.tolist(), toks))}

@@ -1,7 +1,8 @@
 """`budget: auto`: each round, verify the tree size that maximises expected tokens per second here.
 
     expected tokens(n) = 1 + sum of the acceptance probabilities of the n best nodes (path-score order)
-    seconds(n)         = drafting time (running mean) + the target's forward time for n + 1 rows
+    seconds(n)         = drafting time (running mean) + the target's forward time for n + 1 rows (as the
+                         engine runs it: engine/target.py)
 The forward time per row count is measured once per model, dtype, device and thread count (VerifyCost) and
 cached on disk; a node's acceptance probability (its whole path accepted) is calibrated online from this
 generation's own rounds, with exp(path log-prob) as the prior, i.e. a perfectly calibrated drafter.
@@ -42,12 +43,13 @@ class VerifyCost:
     @classmethod
     def measure(cls, model, rows: tuple[int, ...] | None = None, context: int = 256, repeats: int = 3) -> VerifyCost:
         from .cache import new_cache
+        from .target import TargetStep
         from .tree import verification_inputs
 
         rows = rows or MEASURED_ROWS
         device, vocab = model.device, model.get_input_embeddings().weight.shape[0]
         gen = torch.Generator().manual_seed(0)
-        cache = new_cache(model)
+        cache, step = new_cache(model), TargetStep(model)
         ids = torch.randint(vocab, (1, context), generator=gen).to(device)
         with torch.inference_mode():
             model(input_ids=ids, cache=cache, use_cache=True)
@@ -58,8 +60,8 @@ class VerifyCost:
                 times = []
                 for _ in range(repeats + 1):  # the first is a warm-up for this shape
                     t0 = time.perf_counter()
-                    model(input_ids=inputs[0], position_ids=inputs[1], attention_mask=inputs[2], cache=cache,
-                          use_cache=True)
+                    logits, _ = step(inputs[0], inputs[1], inputs[2], cache)
+                    logits.row(0)  # a lazy step projects the rows the walk reads; one stands for them
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     times.append(time.perf_counter() - t0)
@@ -75,7 +77,10 @@ def cache_file() -> Path:
 
 def cost_key(model) -> str:
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
-    return f"{name}|{model.dtype}|{model.device}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    from .target import TargetStep
+
+    step = "lazy" if TargetStep(model).lazy else "eager"  # what one verify forward computes (engine/target.py)
+    return f"{name}|{model.dtype}|{model.device}|threads={torch.get_num_threads()}|torch={torch.__version__}|{step}"
 
 
 def verify_cost(model, path: Path | None = None) -> VerifyCost:

@@ -16,6 +16,7 @@ from .budget import AutoBudget, VerifyCost
 from .cache import check_compactable, compact, new_cache
 from .drafter import Drafter, DraftState, sync
 from .sampling import Sampler
+from .target import Logits, TargetStep
 from .tree import DraftTree, verification_inputs
 from .verify import Verdict, verify_tree
 
@@ -60,7 +61,7 @@ class _Loop:
     def __init__(self, model, drafter: Drafter, prompt: torch.Tensor, config: GenerationConfig):
         self.model, self.drafter, self.config = model, drafter, config
         self.device = prompt.device
-        self.layer_ids = tuple(drafter.target_layer_ids)
+        self.step = TargetStep(model, tuple(drafter.target_layer_ids))
         self.cache = new_cache(model)
         self.tokens = prompt.clone()   # committed ids; the last is the anchor, whose KV is not cached yet
         self.prompt_len = prompt.numel()
@@ -74,19 +75,14 @@ class _Loop:
     def past_len(self) -> int:
         return self.tokens.numel() - 1
 
-    def target_forward(self, ids, positions, mask):
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
-                         use_cache=True, output_hidden_states=bool(self.layer_ids))
-        feats = None
-        if self.layer_ids:
-            feats = torch.cat([out.hidden_states[i + 1][0] for i in self.layer_ids], dim=-1)
-        return out.logits[0], feats
+    def target_forward(self, ids, positions, mask) -> tuple[Logits, torch.Tensor | None]:
+        return self.step(ids, positions, mask, self.cache)
 
     def prefill(self) -> list[int]:
         ids = self.tokens.view(1, -1)
         logits, feats = self.target_forward(ids, torch.arange(ids.shape[1], device=self.device)[None], None)
         check_compactable(self.cache)
-        first = int(self.config.sampler.sample(logits[-1:], self.generator)[0])
+        first = int(self.config.sampler.sample(logits.row(-1), self.generator)[0])
         self.drafter.begin(self.tokens, feats)
         return [first]
 

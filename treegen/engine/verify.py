@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .sampling import Sampler
+from .target import Logits
 from .tree import DraftTree
 
 
@@ -22,16 +23,26 @@ class Verdict:
     bonus: int
 
 
-def verify_tree(tree: DraftTree, logits: torch.Tensor, sampler: Sampler,
+def verify_tree(tree: DraftTree, logits: Logits | torch.Tensor, sampler: Sampler,
                 generator: torch.Generator | None = None) -> Verdict:
-    """logits: [n+1, V] target logits of the rows (anchor first). Tree must be sibling-deduplicated."""
-    draws = sampler.sample(logits, generator)  # one per row: unused rows cost a draw, never a bias
-    # the only host sync of a round: the draws and the tree shape, read together
-    draws, tokens, parents = (t.tolist() for t in (draws, tree.tokens, tree.parents))
+    """logits: the target's logits of the rows [n+1, V] (anchor first), eager or made as the walk reads
+    them (engine/target.py). The tree must be sibling-deduplicated."""
+    if isinstance(logits, torch.Tensor):
+        logits = Logits(None, full=logits)
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
     children: dict[tuple[int, int], int] = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}
+    draw = _draws(logits, sampler, generator)
     path, node = [], -1
-    while (node, draws[node + 1]) in children:
-        node = children[(node, draws[node + 1])]
+    while (node, token := draw(node + 1)) in children:
+        node = children[(node, token)]
         path.append(node)
-    bonus = draws[node + 1]
-    return Verdict(path, [tokens[i] for i in path] + [bonus], bonus)
+    return Verdict(path, [tokens[i] for i in path] + [token], token)
+
+
+def _draws(logits: Logits, sampler: Sampler, generator):
+    """row -> the target's draw there. Eager logits: every row drawn at once, one host sync (unused rows
+    cost a draw, never a bias); lazy ones: only the rows the walk reaches, each when it gets there."""
+    if logits.eager:
+        draws = sampler.sample(logits.full, generator).tolist()
+        return draws.__getitem__
+    return lambda row: int(sampler.sample(logits.row(row), generator)[0])
