@@ -12,7 +12,7 @@ from test_sampling_distribution import CONFIGS, VOCAB, chi_square, exact_joint, 
 
 from treegen.drafters import build_drafter
 from treegen.drafters.base import DraftState
-from treegen.drafters.d2sd import keep_best, rejection_points
+from treegen.drafters.d2sd import alternative_points, keep_best, rejection_points
 from treegen.engine.generate import GenerationConfig, generate
 from treegen.engine.tree import DraftTree, merge_paths
 from treegen.models.checkpoint import CheckpointError, load_dflash, save_dflash
@@ -91,6 +91,16 @@ def test_rejection_points_are_the_top_r():
     assert rejection_points(conf, 10).tolist() == list(range(6))
 
 
+def test_alternative_points_rank_position_token_pairs():
+    probs = torch.tensor([[0.7, 0.2, 0.1, 0.0], [0.4, 0.3, 0.2, 0.1], [0.1, 0.1, 0.1, 0.7]])
+    conf, draft = probs.max(dim=-1)
+    points, alts, alt_probs = alternative_points(probs, conf, 3)
+    # gains: reach (1, .7, .28) x the non-draft probabilities: (0,1)->.2, (1,1)->.21, (1,2)->.14, (0,2)->.1 ...
+    assert list(zip(points.tolist(), alts.tolist())) == [(0, 1), (1, 1), (1, 2)]
+    torch.testing.assert_close(alt_probs, torch.tensor([0.2, 0.3, 0.2]))
+    assert not (alts == draft[points]).any()
+
+
 def test_batched_branches_equal_separate_passes(target, vp_dir):
     """P branches in one pass over the shared context cache == each branch alone with its own cache."""
     from treegen.drafters.dflash import DFlashBlock
@@ -116,9 +126,10 @@ def recorder(f, log: list):
     return wrapped
 
 
-def test_every_branch_is_in_the_tree(target, dflash_dir, vp_dir):
+@pytest.mark.parametrize("branch", ["point", "token"])
+def test_every_branch_is_in_the_tree(target, dflash_dir, vp_dir, branch):
     for b2 in (8, 14):
-        drafter = build_drafter("d2sd", target, dflash_dir, {"vp_drafter": vp_dir, "k": 3, "b2": b2})
+        drafter = build_drafter("d2sd", target, dflash_dir, {"vp_drafter": vp_dir, "k": 3, "b2": b2, "branch": branch})
         prompt = torch.randint(0, 63, (11,), generator=torch.Generator().manual_seed(b2))
         with torch.no_grad():
             feats = torch.cat([h[0] for h in target(prompt[None], output_hidden_states=True).hidden_states[1:3]], -1)
@@ -135,7 +146,9 @@ def test_every_branch_is_in_the_tree(target, dflash_dir, vp_dir):
 # --- exactness -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("options, prompts", [({}, 20), ({"b2": 13, "k": 2}, 10),
-                                              ({"k": 1, "budget": 9, "skip_rejected": False}, 6)])
+                                              ({"k": 1, "budget": 9, "skip_rejected": False}, 6),
+                                              ({"branch": "token", "k": 5}, 20),
+                                              ({"branch": "token", "k": 3, "b2": 13}, 8)])
 def test_greedy_exact(target, dflash_dir, vp_dir, options, prompts):
     drafter = build_drafter("d2sd", target, dflash_dir, {"vp_drafter": vp_dir, **options})
     gen = torch.Generator().manual_seed(3)
@@ -151,13 +164,14 @@ def test_greedy_exact(target, dflash_dir, vp_dir, options, prompts):
 
 
 @pytest.mark.slow
-def test_sampling_follows_the_target(hf_target, tmp_path):  # noqa: F811 (the harness's fixture)
+@pytest.mark.parametrize("branch", ["point", "token"])
+def test_sampling_follows_the_target(hf_target, tmp_path, branch):  # noqa: F811 (the harness's fixture)
     """T>0 through the distribution harness: the first three tokens' joint law on a real 1-layer Qwen3."""
     model = hf_target
     kw = {"block_size": 6, "layer_ids": (0,)}
     first = random_drafter(model, tmp_path / "first", seed=6, **kw)  # seeds whose drafts the target often takes
     vp = random_drafter(model, tmp_path / "vp", seed=7, vp=True, **kw)
-    drafter = build_drafter("d2sd", model, first, {"vp_drafter": vp, "k": 2, "b2": 8})
+    drafter = build_drafter("d2sd", model, first, {"vp_drafter": vp, "k": 2, "b2": 8, "branch": branch})
     assert drafter.first.model.config.mask_token_id == VOCAB - 1
     sampler = CONFIGS["top_k"]
     counts, deep = first_three(model, drafter, sampler, 1_000, seed=3)
@@ -172,6 +186,8 @@ def test_bad_options_and_checkpoints(target, dflash_dir, vp_dir, tmp_path, capsy
         build_drafter("d2sd", target, dflash_dir, {"vp_drafter": vp_dir, "k": 0})
     with pytest.raises(ValueError, match="b2 must be 0"):
         build_drafter("d2sd", target, dflash_dir, {"vp_drafter": vp_dir, "b2": 4})
+    with pytest.raises(ValueError, match="branch must be one of point, token"):
+        build_drafter("d2sd", target, dflash_dir, {"vp_drafter": vp_dir, "branch": "tokens"})
     other = tiny_qwen3(vocab=64, hidden=48, seed=1)
     with pytest.raises(CheckpointError, match="hidden size"):
         build_drafter("d2sd", target, dflash_dir, {"vp_drafter": random_drafter(other, tmp_path / "o", 6, True)})

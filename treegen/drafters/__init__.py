@@ -71,9 +71,9 @@ def _dartree(target, drafter_path, *, budget: int = D.DARTREE_BUDGET, candidates
 
 
 def _d2sd(target, drafter_path, *, vp_drafter: str | None = None, k: int = D.D2SD_K, b2: int = D.D2SD_B2,
-          budget: int = D.D2SD_BUDGET, skip_rejected: bool = D.D2SD_SKIP_REJECTED):
+          budget: int = D.D2SD_BUDGET, skip_rejected: bool = D.D2SD_SKIP_REJECTED, branch: str = D.D2SD_BRANCH):
     from .d2sd import build_d2sd
-    return build_d2sd(target, drafter_path, vp_drafter, k, b2, budget, skip_rejected)
+    return build_d2sd(target, drafter_path, vp_drafter, k, b2, budget, skip_rejected, branch)
 
 
 METHODS: dict[str, Method] = {}

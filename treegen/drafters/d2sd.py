@@ -6,6 +6,11 @@ points. Branch i is [anchor, d_1..d_i, MASK...] of B2 positions; the VP-drafter 
 all branches in ONE pass (each branch sees the shared context K/V and its own block). The chain and the
 K branches (with B2 > B the chain is replaced by its VP extension to B2) merge into one prefix tree,
 verified by the engine in one target forward. Both drafts are deterministic, so verification is lossless.
+
+`branch: token` (ours) spends the K branches on (position, alternative token) pairs instead: the gain of
+branching to token a at depth i+1 is reach(i) * q_{i+1}(a) (q: the first drafter's marginal), so where the
+target is uncertain (sampling, unfamiliar text) several alternatives share one depth; each branch shows its
+alternative to the VP-drafter as part of the visible prefix, which drafts what follows it.
 """
 from __future__ import annotations
 
@@ -30,18 +35,30 @@ def rejection_points(conf: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(reach * (1 - conf), min(k, conf.numel())).indices.sort().values
 
 
+def alternative_points(probs: torch.Tensor, conf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """probs [B-1, V] first-draft marginals (argmax = the draft), conf their maxima -> the k (point i,
+    alternative token a, q_{i+1}(a)) with the largest reach(i) * q_{i+1}(a), a not the draft, by point."""
+    reach = torch.cat([conf.new_ones(1), conf.cumprod(0)[:-1]])
+    width = min(k, probs.shape[-1] - 1)
+    top = probs.topk(width + 1, dim=-1)                      # rank 0 is the draft itself
+    gain = (reach[:, None] * top.values[:, 1:]).flatten()
+    best = gain.topk(min(k, gain.numel())).indices.sort().values
+    return best // width, top.indices[:, 1:].flatten()[best], top.values[:, 1:].flatten()[best]
+
+
 class D2SDDrafter(BuildClock):
     name = "d2sd"
 
     def __init__(self, first: DFlashBlock, vp: DFlashBlock, k: int = D.D2SD_K, b2: int = D.D2SD_B2,
-                 budget: int = D.D2SD_BUDGET, skip_rejected: bool = D.D2SD_SKIP_REJECTED):
-        check_options(first.block_size, k, b2, budget)
+                 budget: int = D.D2SD_BUDGET, skip_rejected: bool = D.D2SD_SKIP_REJECTED,
+                 branch: str = D.D2SD_BRANCH):
+        check_options(first.block_size, k, b2, budget, branch)
         if vp.target_layer_ids != first.target_layer_ids:
             raise CheckpointError(f"the VP-drafter reads target layers {list(vp.target_layer_ids)}, the DFlash "
                                   f"drafter {list(first.target_layer_ids)}: they must read the same features")
         self.first, self.vp = first, vp
         self.k, self.b2, self.budget = k, b2 or first.block_size, budget
-        self.skip_rejected = skip_rejected
+        self.skip_rejected, self.branch = skip_rejected, branch
         self.target_layer_ids = first.target_layer_ids
 
     def begin(self, prompt, features) -> None:
@@ -60,10 +77,15 @@ class D2SDDrafter(BuildClock):
             return DraftTree.empty(state.tokens.device)
         probs = torch.softmax(self.first.marginal_logits(anchor, self.first.block_size - 1), dim=-1)
         conf, draft = probs.max(dim=-1)                                        # [B-1]
-        points = rejection_points(conf, self.k)
+        if self.branch == "token":
+            points, alts, alt_probs = alternative_points(probs, conf, self.k)
+        else:
+            points = rejection_points(conf, self.k)
+            alts, alt_probs = torch.full_like(points, -1), torch.ones_like(points, dtype=conf.dtype)
         if self.b2 > self.first.block_size:  # the chain itself is re-drafted too: its extension to B2
             points = torch.cat([points, points.new_tensor([conf.numel()])])
-        tokens, scores = self.branches(anchor, draft, conf, points)
+            alts, alt_probs = torch.cat([alts, alts.new_tensor([-1])]), torch.cat([alt_probs, alt_probs.new_ones(1)])
+        tokens, scores = self.branches(anchor, draft, conf, points, alts, alt_probs)
         lengths = torch.full((tokens.shape[0],), tokens.shape[1], device=tokens.device)
         if self.b2 == self.first.block_size:  # the first draft is a path of its own, listed first
             tokens, scores = torch.cat([draft[None], tokens]), torch.cat([conf.log().cumsum(0)[None], scores])
@@ -71,25 +93,30 @@ class D2SDDrafter(BuildClock):
         with self.building(tokens.device):
             return keep_best(merge_paths(tokens, lengths, scores), self.budget)
 
-    def branches(self, anchor: int, draft: torch.Tensor, conf: torch.Tensor, points: torch.Tensor):
-        """[P, B2-1] tokens of each branch (its first points[p] drafts, then the VP-drafter's) and their
-        path scores (cumulative log confidence of whichever drafter made each token), from ONE VP pass."""
+    def branches(self, anchor: int, draft: torch.Tensor, conf: torch.Tensor, points: torch.Tensor,
+                 alts: torch.Tensor, alt_probs: torch.Tensor):
+        """[P, B2-1] tokens of each branch (its first points[p] drafts, then its alternative alts[p] if >= 0,
+        then the VP-drafter's) and their path scores (cumulative log probability of whichever drafter made
+        each token), from ONE VP pass."""
         b2, device = self.b2, draft.device
-        seen = torch.arange(b2 - 1, device=device)[None] < points[:, None]     # [P, B2-1] kept first drafts
+        pos = torch.arange(b2 - 1, device=device)[None]
+        seen = pos < points[:, None]                                            # [P, B2-1] kept first drafts
+        alt = (pos == points[:, None]) & (alts >= 0)[:, None]                   # the alternative, shown too
         pad = b2 - 1 - draft.numel()
         first = torch.nn.functional.pad(draft, (0, pad))[None]
         mask_id = self.vp.model.config.mask_token_id
-        body = torch.where(seen, first, mask_id)
+        body = torch.where(alt, alts[:, None], torch.where(seen, first, mask_id))
         ids = torch.cat([torch.full_like(body[:, :1], anchor), body], dim=1)    # [P, B2]
         logits = self.vp.lm_head(self.vp.run(ids)[:, 1:]).float()              # [P, B2-1, V]
-        if self.skip_rejected:  # branch i presumes d_{i+1} was rejected: never propose it there again
+        if self.skip_rejected and self.branch == "point":  # branch i presumes d_{i+1} rejected: not again
             at = (torch.arange(b2 - 1, device=device)[None] == points[:, None]) & (points < draft.numel())[:, None]
             idx = first.expand(len(points), -1)[..., None]
             logits = logits.scatter(-1, idx, torch.where(at[..., None], -torch.inf, logits.gather(-1, idx)))
         vp_conf, vp_tok = torch.softmax(logits, dim=-1).max(dim=-1)
-        tokens = torch.where(seen, first, vp_tok)
+        tokens = torch.where(alt, alts[:, None], torch.where(seen, first, vp_tok))
         first_conf = torch.nn.functional.pad(conf, (0, pad), value=1.0)[None]
-        scores = torch.where(seen, first_conf, vp_conf).log().cumsum(dim=1)
+        probs = torch.where(alt, alt_probs[:, None].to(vp_conf.dtype), torch.where(seen, first_conf, vp_conf))
+        scores = probs.log().cumsum(dim=1)
         return tokens, scores
 
 
@@ -106,7 +133,9 @@ def keep_best(tree: DraftTree, budget: int) -> DraftTree:
     return DraftTree(tree.tokens[order], parents, tree.depth[order], tree.scores[order])
 
 
-def check_options(block_size: int, k: int, b2: int, budget: int) -> None:
+def check_options(block_size: int, k: int, b2: int, budget: int, branch: str = D.D2SD_BRANCH) -> None:
+    if branch not in D.D2SD_BRANCHES:
+        raise ValueError(f"d2sd branch must be one of {', '.join(D.D2SD_BRANCHES)}, got {branch!r}")
     if k < 1:
         raise ValueError(f"d2sd k (branches) must be >= 1, got {k}")
     if b2 and b2 < block_size:
@@ -118,10 +147,10 @@ def check_options(block_size: int, k: int, b2: int, budget: int) -> None:
 
 
 def build_d2sd(target, drafter_path: str, vp_drafter: str | None, k: int, b2: int, budget: int,
-               skip_rejected: bool) -> D2SDDrafter:
+               skip_rejected: bool, branch: str = D.D2SD_BRANCH) -> D2SDDrafter:
     if vp_drafter is not None and not isinstance(vp_drafter, str):
         raise ValueError(f"d2sd vp_drafter must be a folder, hub id or demo/NAME, got {vp_drafter!r}")
-    check_options(1, k, b2, budget)  # the ranges that need no checkpoint, before anything loads
+    check_options(1, k, b2, budget, branch)  # the ranges that need no checkpoint, before anything loads
     first = load_block(target, drafter_path)
     vp_path = resolve_vp(drafter_path, vp_drafter)
     if vp_path == drafter_path:  # its own context cache over the same weights
@@ -135,7 +164,7 @@ def build_d2sd(target, drafter_path: str, vp_drafter: str | None, k: int, b2: in
         print(f"treegen: note: d2sd's VP-drafter {vp_path} is a plain DFlash drafter (no "
               f"dflash_config.variable_prefix); it runs losslessly but was not trained on visible prefixes",
               file=sys.stderr)
-    return D2SDDrafter(first, vp, k, b2, budget, skip_rejected)
+    return D2SDDrafter(first, vp, k, b2, budget, skip_rejected, branch)
 
 
 def resolve_vp(drafter_path: str, vp_drafter: str | None) -> str:
