@@ -41,10 +41,22 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def check_source(name: str) -> str:
-    """A local folder must exist and hold a config.json; an OWNER/NAME is a hub id (see treegen.validate)."""
+    """A local folder must exist and hold a config.json (or one .gguf file, as a .gguf path may name);
+    an OWNER/NAME is a hub id (see treegen.validate)."""
     try:
         return validate.check_source(name, "target")
     except validate.OptionError as err:
+        raise LoadError(str(err)) from None
+
+
+def gguf_converted(source: str) -> str:
+    """A GGUF target is loaded from its converted folder in the cache (converted on its first load)."""
+    from . import gguf
+
+    try:
+        file = gguf.gguf_file(Path(source)) if Path(source).exists() else None
+        return str(gguf.cached_target(file)) if file is not None else source
+    except gguf.GGUFError as err:
         raise LoadError(str(err)) from None
 
 
@@ -98,7 +110,7 @@ def load_target(name: str, *, dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
-    source = check_source(name)
+    source = gguf_converted(check_source(name))
     dev = resolve_device(device)
     check_hub(source)
     torch_dtype = resolve_dtype(dtype, dev)

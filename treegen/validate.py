@@ -144,14 +144,28 @@ def check_source(name: str, what: str = "model", needs_config: bool = True) -> s
         raise OptionError(f"the {what} name is empty")
     path = Path(name).expanduser()
     if path.exists():
-        if needs_config and path.is_dir() and not (path / "config.json").exists():
-            raise OptionError(f"{name}: no config.json in this folder, so it is not a transformers model")
+        if needs_config and not names_gguf(path) and path.is_dir() and not (path / "config.json").exists():
+            raise OptionError(f"{name}: no config.json (nor one .gguf file) in this folder, so it is not a "
+                              f"transformers model")
         return str(path.resolve())
     if looks_like_path(name):
         raise OptionError(f"{shown(name)}: no such folder")
     if not HUB_ID.match(name):
         raise OptionError(f"{shown(name)}: no such folder, and not a hub id (those are OWNER/NAME)")
     return name
+
+
+def names_gguf(path: Path) -> bool:
+    """Whether a target path names a GGUF file (loaded through treegen.gguf); one that is not GGUF is refused."""
+    from .gguf import GGUFError, check_magic, gguf_file
+
+    try:
+        file = gguf_file(path)
+        if file is not None:
+            check_magic(file)
+    except GGUFError as err:
+        raise OptionError(str(err)) from None
+    return file is not None
 
 
 def hub_problem(name: str, timeout: float = 3.0) -> str | None:
