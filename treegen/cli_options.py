@@ -175,7 +175,8 @@ def model_options(f):
         click.option("--preset", help="Preset name (see `treegen presets`) or path to a .yaml file; the flags "
                                       "below override its values (another --method drops its method_options)."),
         click.option("-m", "--model", "--target", "target", metavar="HUB_ID|PATH",
-                     help="Target model: a folder or an OWNER/NAME hub id (default: the shipped demo target)."),
+                     help="Target model: a folder, an OWNER/NAME hub id, or a .gguf file (converted once; "
+                          "docs/gguf.md). Default: the shipped demo target."),
         click.option("--drafter", metavar="HUB_ID|PATH", help="Drafter checkpoint: folder, hub id, or demo/NAME "
                      "(a shipped demo-pair checkpoint, e.g. demo/dflash)."),
         click.option("--method", callback=check_method_name,
