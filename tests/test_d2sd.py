@@ -224,7 +224,7 @@ def test_vp_marker_round_trip(vp_dir, dflash_dir, tmp_path):
     assert is_variable_prefix(load_dflash(str(tmp_path / "copy")).config)
 
 
-@pytest.mark.parametrize("name", ["d2sd", "d2sd-32"])
+@pytest.mark.parametrize("name", ["d2sd", "d2sd-32", "d2sd-token"])
 def test_demo_presets_exact_and_drafting(name):
     """The shipped presets: both drafters of the demo pair load, and the output is the target's greedy one."""
     from treegen import presets
