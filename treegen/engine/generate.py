@@ -120,7 +120,7 @@ class _Loop:
         sync(self.device)
         t2 = time.perf_counter()
         verdict = verify_tree(tree, logits, self.config.sampler, self.generator)
-        self.t_walk = time.perf_counter() - t2
+        self.t_walk = time.perf_counter() - t2 - logits.seconds  # rows projected on demand count as verify
         return verdict, feats
 
     def commit(self, verdict: Verdict, feats: torch.Tensor | None) -> None:

@@ -7,6 +7,8 @@ path (accepted drafts + 1), so those rows are projected one at a time as the wal
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 # config fields of architectures whose logits are not just lm_head(hidden): those keep the model's forward
@@ -19,6 +21,7 @@ class Logits:
     def __init__(self, hidden: torch.Tensor | None, lm_head=None, full: torch.Tensor | None = None):
         self.hidden, self.lm_head, self.full = hidden, lm_head, full
         self.made: dict[int, torch.Tensor] = {}
+        self.seconds = 0.0   # spent projecting rows on demand: target compute, though the walk asks for it
 
     @property
     def eager(self) -> bool:
@@ -33,8 +36,10 @@ class Logits:
         if self.full is not None:
             return self.full[i:i + 1]
         if i not in self.made:
+            t0 = time.perf_counter()
             with torch.inference_mode():  # also when read outside the round that made the hidden states
                 self.made[i] = self.lm_head(self.hidden[i:i + 1])
+            self.seconds += time.perf_counter() - t0
         return self.made[i]
 
 
