@@ -41,7 +41,7 @@ class VerifyCost:
         return y0 + (rows - x0) * (y1 - y0) / (x1 - x0)
 
     @classmethod
-    def measure(cls, model, rows: tuple[int, ...] | None = None, context: int = 256, repeats: int = 3) -> VerifyCost:
+    def measure(cls, model, rows: tuple[int, ...] | None = None, context: int = 256, repeats: int = 5) -> VerifyCost:
         from .cache import new_cache
         from .target import TargetStep
         from .tree import verification_inputs
@@ -51,22 +51,21 @@ class VerifyCost:
         gen = torch.Generator().manual_seed(0)
         cache, step = new_cache(model), TargetStep(model)
         ids = torch.randint(vocab, (1, context), generator=gen).to(device)
+        inputs = {n: verification_inputs(int(ids[0, -1]), DraftTree.chain(
+            torch.randint(vocab, (n - 1,), generator=gen).to(device)), context, model.dtype) for n in rows}
+        times: dict[int, list[float]] = {n: [] for n in rows}
         with torch.inference_mode():
             model(input_ids=ids, cache=cache, use_cache=True)
-            seconds = []
-            for n in rows:
-                tree = DraftTree.chain(torch.randint(vocab, (n - 1,), generator=gen).to(device))
-                inputs = verification_inputs(int(ids[0, -1]), tree, context, model.dtype)
-                times = []
-                for _ in range(repeats + 1):  # the first is a warm-up for this shape
+            for _ in range(repeats + 1):  # round-robin over the sizes: a passing load hits them all alike
+                for n in rows:
                     t0 = time.perf_counter()
-                    logits, _ = step(inputs[0], inputs[1], inputs[2], cache)
+                    logits, _ = step(*inputs[n], cache)
                     logits.row(0)  # a lazy step projects the rows the walk reads; one stands for them
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
-                    times.append(time.perf_counter() - t0)
+                    times[n].append(time.perf_counter() - t0)
                     cache.crop(-n)
-                seconds.append(sorted(times[1:])[len(times[1:]) // 2])
+        seconds = [sorted(times[n][1:])[len(times[n][1:]) // 2] for n in rows]  # the first pass warms up
         return cls(tuple(rows), tuple(seconds))
 
 
