@@ -128,3 +128,32 @@ def test_cli_budget_auto_on_the_demo_pair_equals_ar():
     ar_stats, auto_stats = json.loads(ar.stdout), json.loads(auto.stdout)
     assert auto_stats["text"] == ar_stats["text"]
     assert 0 <= auto_stats["mean_tree_size"] <= 128 and B.cache_file().exists()
+
+
+def test_rests_when_drafting_cannot_pay():
+    """Slower than plain decoding at any size: rest 1, 2, 4 .. rounds between tries; back to 0 once it pays."""
+    auto = B.AutoBudget(B.VerifyCost((1, 65), (0.010, 0.011)))
+    poor = torch.log(torch.full((8,), 0.01))
+    auto.t_draft = 0.050                     # a drafter pass worth five plain steps
+    rests = []
+    for _ in range(4):
+        auto.choose(poor)
+        rests.append(auto.rest)
+        while auto.resting():
+            pass
+    assert rests == [1, 2, 4, 8]
+    auto.t_draft = 0.001
+    auto.choose(torch.log(torch.full((8,), 0.9)))
+    assert auto.rest == 0 and auto.backoff == 1
+
+
+def test_resting_rounds_stay_exact(pair):
+    """A drafter that never pays here: most rounds draft nothing, the output is still the target's."""
+    target, drafter_dir = pair
+    slow = B.VerifyCost((1, 33), (0.001, 0.5))   # every extra row costs far more than it could bring
+    prompt = torch.tensor([5, 9, 11, 5, 9])
+    ref = target.generate(prompt[None], max_new_tokens=40, do_sample=False)[0, prompt.numel():].tolist()
+    drafter = build_drafter("ddtree", target, drafter_dir, {"budget": 32})
+    rounds = list(generate(target, drafter, prompt, GenerationConfig(40, verify_cost=slow)))
+    assert [t for r in rounds for t in r.tokens] == ref
+    assert sum(r.drafted == 0 for r in rounds[1:]) >= len(rounds) // 2

@@ -24,6 +24,7 @@ MEASURED_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 SCORE_FLOOR, BIN_WIDTH = -16.0, 0.5   # path log-probs below the floor share the last bin
 PRIOR_WEIGHT = 4.0                    # the exp(score) prior counts as this many observed nodes per bin
 FORGET = 0.995                        # per round: recent rounds count more (the text changes as it goes)
+MAX_REST = 16                         # most rounds of plain decoding before drafting is tried again
 
 
 @dataclass(frozen=True)
@@ -131,17 +132,35 @@ class AcceptanceModel:
 
 
 class AutoBudget:
-    """Per generation: trims each proposed tree to the size with the best expected tokens per second."""
+    """Per generation: trims each proposed tree to the size with the best expected tokens per second, and
+    when even that is slower than plain decoding (the drafter's pass costs more than its drafts bring,
+    e.g. sampling from a flat distribution), rests: rounds without drafting, 1, 2, 4 .. MAX_REST at a
+    time, trying again after each rest. The drafter still receives every commit, so it resumes in step."""
 
     def __init__(self, cost: VerifyCost):
         self.cost, self.model = cost, AcceptanceModel()
         self.t_draft: float | None = None
+        self.rest, self.backoff = 0, 1
 
     def choose(self, scores: torch.Tensor) -> int:
-        """How many of the nodes (scores sorted best first) to verify."""
+        """How many of the nodes (scores sorted best first) to verify; schedules a rest when drafting
+        at the best size is expected to be slower than one token per one-row forward."""
         expected = torch.cat([torch.ones(1), 1 + self.model.probability(scores).cumsum(0)])
         seconds = (self.t_draft or 0.0) + self.cost(torch.arange(len(scores) + 1) + 1)
-        return int((expected / seconds).argmax())
+        rate = expected / seconds
+        plain = 1.0 / float(self.cost(torch.ones(1))[0])
+        if float(rate.max()) < plain:
+            self.rest, self.backoff = self.backoff, min(2 * self.backoff, MAX_REST)
+        else:
+            self.backoff = 1
+        return int(rate.argmax())
+
+    def resting(self) -> bool:
+        """Whether this round skips drafting (plain decoding through the same loop)."""
+        if self.rest > 0:
+            self.rest -= 1
+            return True
+        return False
 
     def trim(self, tree: DraftTree, t_draft: float) -> DraftTree:
         self.t_draft = t_draft if self.t_draft is None else 0.8 * self.t_draft + 0.2 * t_draft

@@ -98,6 +98,9 @@ class _Loop:
         return self.tokens.numel() - self.prompt_len
 
     def draft(self) -> DraftTree:
+        if self.auto is not None and self.auto.resting():
+            self.t_tree = 0.0
+            return DraftTree.empty(self.device)
         if hasattr(self.drafter, "t_build"):
             self.drafter.t_build = 0.0   # a proposal that builds no tree reports none
         t0 = time.perf_counter()
