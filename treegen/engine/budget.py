@@ -25,6 +25,7 @@ SCORE_FLOOR, BIN_WIDTH = -16.0, 0.5   # path log-probs below the floor share the
 PRIOR_WEIGHT = 4.0                    # the exp(score) prior counts as this many observed nodes per bin
 FORGET = 0.995                        # per round: recent rounds count more (the text changes as it goes)
 MAX_REST = 16                         # most rounds of plain decoding before drafting is tried again
+REST_MARGIN = 0.9                     # rest only when drafting is expected below this share of plain speed
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ class AutoBudget:
         self.cost, self.model = cost, AcceptanceModel()
         self.t_draft: float | None = None
         self.rest, self.backoff = 0, 1
+        self.catching_up = False   # the round after a rest folds the skipped context: not a typical pass
 
     def choose(self, scores: torch.Tensor) -> int:
         """How many of the nodes (scores sorted best first) to verify; schedules a rest when drafting
@@ -149,7 +151,7 @@ class AutoBudget:
         seconds = (self.t_draft or 0.0) + self.cost(torch.arange(len(scores) + 1) + 1)
         rate = expected / seconds
         plain = 1.0 / float(self.cost(torch.ones(1))[0])
-        if float(rate.max()) < plain:
+        if float(rate.max()) < REST_MARGIN * plain:
             self.rest, self.backoff = self.backoff, min(2 * self.backoff, MAX_REST)
         else:
             self.backoff = 1
@@ -159,11 +161,16 @@ class AutoBudget:
         """Whether this round skips drafting (plain decoding through the same loop)."""
         if self.rest > 0:
             self.rest -= 1
+            self.catching_up = True
             return True
         return False
 
     def trim(self, tree: DraftTree, t_draft: float) -> DraftTree:
-        self.t_draft = t_draft if self.t_draft is None else 0.8 * self.t_draft + 0.2 * t_draft
+        if self.t_draft is None:
+            self.t_draft = t_draft
+        elif not self.catching_up:  # a pass folding a rest's context would make the next rest look right
+            self.t_draft = 0.8 * self.t_draft + 0.2 * t_draft
+        self.catching_up = False
         if tree.scores is None or len(tree) == 0:
             return tree  # a method without path scores keeps its own size
         # stable: on equal scores the lower index (a parent before its child) comes first
