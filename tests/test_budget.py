@@ -131,19 +131,19 @@ def test_cli_budget_auto_on_the_demo_pair_equals_ar():
 
 
 def test_rests_when_drafting_cannot_pay():
-    """Slower than plain decoding at any size: rest 1, 2, 4 .. rounds between tries; back to 0 once it pays."""
-    auto = B.AutoBudget(B.VerifyCost((1, 65), (0.010, 0.011)))
-    poor = torch.log(torch.full((8,), 0.01))
-    auto.t_draft = 0.050                     # a drafter pass worth five plain steps
+    """Drafting rounds slower than plain decoding: rest 1, 2, 4 .. rounds between tries; back once it pays."""
+    auto = B.AutoBudget(B.VerifyCost((1, 65), (0.010, 0.011)))   # plain: 100 tokens/s
     rests = []
-    for _ in range(4):
-        auto.choose(poor)
+    for _ in range(B.REST_AFTER + 3):
+        auto.round_done(2, 0.050, drafted=True)                     # 40 tokens/s
         rests.append(auto.rest)
-        while auto.resting():
-            pass
-    assert rests == [1, 2, 4, 8]
-    auto.t_draft = 0.001
-    auto.choose(torch.log(torch.full((8,), 0.9)))
+        if auto.rest:
+            while auto.resting():
+                auto.round_done(1, 0.010, drafted=False)
+            auto.round_done(2, 0.080, drafted=True)                 # the catch-up round: not counted
+    assert rests == [0] * (B.REST_AFTER - 1) + [1, 2, 4, 8]
+    for _ in range(10):
+        auto.round_done(6, 0.030, drafted=True)                     # 200 tokens/s: drafting pays again
     assert auto.rest == 0 and auto.backoff == 1
 
 

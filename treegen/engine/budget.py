@@ -25,7 +25,9 @@ SCORE_FLOOR, BIN_WIDTH = -16.0, 0.5   # path log-probs below the floor share the
 PRIOR_WEIGHT = 4.0                    # the exp(score) prior counts as this many observed nodes per bin
 FORGET = 0.995                        # per round: recent rounds count more (the text changes as it goes)
 MAX_REST = 16                         # most rounds of plain decoding before drafting is tried again
-REST_MARGIN = 0.9                     # rest only when drafting is expected below this share of plain speed
+REST_MARGIN = 0.9                     # rest only when drafting rounds run below this share of plain speed
+REST_WINDOW = 0.2                     # weight of the latest drafting round in the running rate
+REST_AFTER = 4                        # drafting rounds seen before the running rate is trusted
 
 
 @dataclass(frozen=True)
@@ -134,28 +136,39 @@ class AcceptanceModel:
 
 class AutoBudget:
     """Per generation: trims each proposed tree to the size with the best expected tokens per second, and
-    when even that is slower than plain decoding (the drafter's pass costs more than its drafts bring,
-    e.g. sampling from a flat distribution), rests: rounds without drafting, 1, 2, 4 .. MAX_REST at a
-    time, trying again after each rest. The drafter still receives every commit, so it resumes in step."""
+    when drafting rounds have been running slower than plain decoding (the drafter's pass costs more than
+    its drafts bring, e.g. sampling from a flat distribution), rests: rounds without drafting, 1, 2, 4 ..
+    MAX_REST at a time, trying again after each rest. The drafter still receives every commit."""
 
     def __init__(self, cost: VerifyCost):
         self.cost, self.model = cost, AcceptanceModel()
         self.t_draft: float | None = None
         self.rest, self.backoff = 0, 1
         self.catching_up = False   # the round after a rest folds the skipped context: not a typical pass
+        self.tokens = self.seconds = 0.0   # running means over drafting rounds
+        self.rounds = 0
 
     def choose(self, scores: torch.Tensor) -> int:
-        """How many of the nodes (scores sorted best first) to verify; schedules a rest when drafting
-        at the best size is expected to be slower than one token per one-row forward."""
+        """How many of the nodes (scores sorted best first) to verify."""
         expected = torch.cat([torch.ones(1), 1 + self.model.probability(scores).cumsum(0)])
         seconds = (self.t_draft or 0.0) + self.cost(torch.arange(len(scores) + 1) + 1)
-        rate = expected / seconds
+        return int((expected / seconds).argmax())
+
+    def round_done(self, tokens: int, seconds: float, drafted: bool) -> None:
+        """After each round: the running tokens/s of drafting rounds against one token per one-row forward;
+        below REST_MARGIN of it, rest (longer each time it stays below, back to 1 once drafting pays)."""
+        if not drafted or self.catching_up:
+            self.catching_up = self.catching_up and not drafted
+            return
+        w = REST_WINDOW if self.rounds else 1.0
+        self.tokens += w * (tokens - self.tokens)
+        self.seconds += w * (seconds - self.seconds)
+        self.rounds += 1
         plain = 1.0 / float(self.cost(torch.ones(1))[0])
-        if float(rate.max()) < REST_MARGIN * plain:
+        if self.rounds >= REST_AFTER and self.tokens / self.seconds < REST_MARGIN * plain:
             self.rest, self.backoff = self.backoff, min(2 * self.backoff, MAX_REST)
         else:
-            self.backoff = 1
-        return int(rate.argmax())
+            self.rest, self.backoff = 0, 1
 
     def resting(self) -> bool:
         """Whether this round skips drafting (plain decoding through the same loop)."""
@@ -168,9 +181,8 @@ class AutoBudget:
     def trim(self, tree: DraftTree, t_draft: float) -> DraftTree:
         if self.t_draft is None:
             self.t_draft = t_draft
-        elif not self.catching_up:  # a pass folding a rest's context would make the next rest look right
+        elif not self.catching_up:  # a pass folding a rest's context is not a typical one
             self.t_draft = 0.8 * self.t_draft + 0.2 * t_draft
-        self.catching_up = False
         if tree.scores is None or len(tree) == 0:
             return tree  # a method without path scores keeps its own size
         # stable: on equal scores the lower index (a parent before its child) comes first

@@ -186,6 +186,8 @@ def _rounds(loop: _Loop) -> Iterator[Round]:
         tokens, finish = loop.append(verdict.tokens)
         sync(loop.device)
         t3 = time.perf_counter()
+        if loop.auto is not None:
+            loop.auto.round_done(len(verdict.tokens), t3 - t0, len(tree) > 0)
         depth = int(tree.depth.max()) if len(tree) else 0
         tree_s, mask_s, walk_s = loop.t_tree, loop.t_mask, loop.t_walk
         yield Round(index, tokens, len(tree), depth, len(verdict.path), t1 - t0 - tree_s, t2 - t1 - mask_s - walk_s,
