@@ -147,13 +147,24 @@ def test_rests_when_drafting_cannot_pay():
     assert auto.rest == 0 and auto.backoff == 1
 
 
-def test_resting_rounds_stay_exact(pair):
-    """A drafter that never pays here: most rounds draft nothing, the output is still the target's."""
+def test_rests_only_when_sampling(pair):
+    """A drafter that never pays: when sampling, most rounds skip the drafter; at T=0 it drafts every round
+    (the output there is the target's own, as always)."""
+    from treegen.engine.sampling import Sampler
+
     target, drafter_dir = pair
-    slow = B.VerifyCost((1, 33), (0.001, 0.5))   # every extra row costs far more than it could bring
+    slow = B.VerifyCost((1, 33), (0.0001, 0.5))   # a one-row forward far cheaper than any drafter pass
     prompt = torch.tensor([5, 9, 11, 5, 9])
-    ref = target.generate(prompt[None], max_new_tokens=40, do_sample=False)[0, prompt.numel():].tolist()
-    drafter = build_drafter("ddtree", target, drafter_dir, {"budget": 32})
-    rounds = list(generate(target, drafter, prompt, GenerationConfig(40, verify_cost=slow)))
-    assert [t for r in rounds for t in r.tokens] == ref
-    assert sum(r.drafted == 0 for r in rounds[1:]) >= len(rounds) // 2
+    calls = []
+    for sampler in (Sampler(), Sampler(temperature=1.0)):
+        drafter = build_drafter("ddtree", target, drafter_dir, {"budget": 32})
+        propose = drafter.propose
+        drafter.propose = lambda state, f=propose: calls.append(sampler.greedy) or f(state)
+        rounds = list(generate(target, drafter, prompt, GenerationConfig(40, sampler=sampler, seed=1, verify_cost=slow)))
+        assert sum(len(r.tokens) for r in rounds) == 40
+        if sampler.greedy:
+            ref = target.generate(prompt[None], max_new_tokens=40, do_sample=False)[0, prompt.numel():].tolist()
+            assert [t for r in rounds for t in r.tokens] == ref
+            assert calls.count(True) == len(rounds) - 1
+        else:
+            assert calls.count(False) <= (len(rounds) - 1) // 2

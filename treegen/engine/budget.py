@@ -138,10 +138,12 @@ class AutoBudget:
     """Per generation: trims each proposed tree to the size with the best expected tokens per second, and
     when drafting rounds have been running slower than plain decoding (the drafter's pass costs more than
     its drafts bring, e.g. sampling from a flat distribution), rests: rounds without drafting, 1, 2, 4 ..
-    MAX_REST at a time, trying again after each rest. The drafter still receives every commit."""
+    MAX_REST at a time, trying again after each rest. The drafter still receives every commit. Resting is
+    for sampling only: at T=0 on this CPU it cost 10-20% (a prompt's slow stretches are short), at T=1 it
+    lifted the auto presets from 0.43-0.51x to 0.57-0.65x plain decoding (docs/benchmarks.md)."""
 
-    def __init__(self, cost: VerifyCost):
-        self.cost, self.model = cost, AcceptanceModel()
+    def __init__(self, cost: VerifyCost, rests: bool = True):
+        self.cost, self.model, self.rests = cost, AcceptanceModel(), rests
         self.t_draft: float | None = None
         self.rest, self.backoff = 0, 1
         self.catching_up = False   # the round after a rest folds the skipped context: not a typical pass
@@ -155,9 +157,10 @@ class AutoBudget:
         return int((expected / seconds).argmax())
 
     def round_done(self, tokens: int, seconds: float, drafted: bool) -> None:
-        """After each round: the running tokens/s of drafting rounds against one token per one-row forward;
-        below REST_MARGIN of it, rest (longer each time it stays below, back to 1 once drafting pays)."""
-        if not drafted or self.catching_up:
+        """After each round (drafted: the drafter ran, whatever the trim kept): the running tokens/s of
+        drafting rounds against one token per one-row forward; below REST_MARGIN of it, rest (longer each
+        time it stays below, back to 1 once drafting pays)."""
+        if not self.rests or not drafted or self.catching_up:
             self.catching_up = self.catching_up and not drafted
             return
         w = REST_WINDOW if self.rounds else 1.0

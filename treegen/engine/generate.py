@@ -65,8 +65,11 @@ class _Loop:
         self.cache = new_cache(model)
         self.tokens = prompt.clone()   # committed ids; the last is the anchor, whose KV is not cached yet
         self.prompt_len = prompt.numel()
-        self.auto = AutoBudget(config.verify_cost) if config.verify_cost is not None else None
+        self.auto = None
+        if config.verify_cost is not None:
+            self.auto = AutoBudget(config.verify_cost, rests=not config.sampler.greedy)
         self.t_tree = self.t_mask = self.t_walk = 0.0   # this round's tree build, mask build, verify walk
+        self.proposed = True   # whether the drafter ran this round (not resting)
         self.generator = None
         if config.seed is not None:
             self.generator = torch.Generator(self.device).manual_seed(config.seed)
@@ -98,7 +101,8 @@ class _Loop:
         return self.tokens.numel() - self.prompt_len
 
     def draft(self) -> DraftTree:
-        if self.auto is not None and self.auto.resting():
+        self.proposed = not (self.auto is not None and self.auto.resting())
+        if not self.proposed:
             self.t_tree = 0.0
             return DraftTree.empty(self.device)
         if hasattr(self.drafter, "t_build"):
@@ -187,7 +191,7 @@ def _rounds(loop: _Loop) -> Iterator[Round]:
         sync(loop.device)
         t3 = time.perf_counter()
         if loop.auto is not None:
-            loop.auto.round_done(len(verdict.tokens), t3 - t0, len(tree) > 0)
+            loop.auto.round_done(len(verdict.tokens), t3 - t0, loop.proposed)
         depth = int(tree.depth.max()) if len(tree) else 0
         tree_s, mask_s, walk_s = loop.t_tree, loop.t_mask, loop.t_walk
         yield Round(index, tokens, len(tree), depth, len(verdict.path), t1 - t0 - tree_s, t2 - t1 - mask_s - walk_s,
