@@ -140,7 +140,7 @@ class AutoBudget:
     its drafts bring, e.g. sampling from a flat distribution), rests: rounds without drafting, 1, 2, 4 ..
     MAX_REST at a time, trying again after each rest. The drafter still receives every commit. Resting is
     for sampling only: at T=0 on this CPU it cost 10-20% (a prompt's slow stretches are short), at T=1 it
-    lifted the auto presets from 0.43-0.51x to 0.57-0.65x plain decoding (docs/benchmarks.md)."""
+    lifted the auto presets from 0.43-0.51x to 0.69-0.75x plain decoding (docs/benchmarks.md)."""
 
     def __init__(self, cost: VerifyCost, rests: bool = True):
         self.cost, self.model, self.rests = cost, AcceptanceModel(), rests
