@@ -28,20 +28,24 @@ from .base import DraftState
 from .dflash import DFlashBlock, load_block
 
 
+def reach(conf: torch.Tensor) -> torch.Tensor:
+    """prod_{j<=i} c_j, i = 0..B-2: the chance that the first draft's first i tokens are all accepted."""
+    return torch.cat([conf.new_ones(1), conf.cumprod(0)[:-1]])
+
+
 def rejection_points(conf: torch.Tensor, k: int) -> torch.Tensor:
     """conf [B-1] first-draft confidences -> the k accepted-draft counts i (sorted) with the largest
     r(i) = prod_{j<=i} c_j * (1 - c_{i+1}), i = 0..B-2."""
-    reach = torch.cat([conf.new_ones(1), conf.cumprod(0)[:-1]])   # prod_{j<=i} c_j, i = 0..B-2
-    return torch.topk(reach * (1 - conf), min(k, conf.numel())).indices.sort().values
+    return torch.topk(reach(conf) * (1 - conf), min(k, conf.numel())).indices.sort().values
 
 
-def alternative_points(probs: torch.Tensor, conf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def alternative_points(probs: torch.Tensor, conf: torch.Tensor,
+                       k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """probs [B-1, V] first-draft marginals (argmax = the draft), conf their maxima -> the k (point i,
     alternative token a, q_{i+1}(a)) with the largest reach(i) * q_{i+1}(a), a not the draft, by point."""
-    reach = torch.cat([conf.new_ones(1), conf.cumprod(0)[:-1]])
     width = min(k, probs.shape[-1] - 1)
     top = probs.topk(width + 1, dim=-1)                      # rank 0 is the draft itself
-    gain = (reach[:, None] * top.values[:, 1:]).flatten()
+    gain = (reach(conf)[:, None] * top.values[:, 1:]).flatten()
     best = gain.topk(min(k, gain.numel())).indices.sort().values
     return best // width, top.indices[:, 1:].flatten()[best], top.values[:, 1:].flatten()[best]
 
@@ -109,7 +113,7 @@ class D2SDDrafter(BuildClock):
         ids = torch.cat([torch.full_like(body[:, :1], anchor), body], dim=1)    # [P, B2]
         logits = self.vp.lm_head(self.vp.run(ids)[:, 1:]).float()              # [P, B2-1, V]
         if self.skip_rejected and self.branch == "point":  # branch i presumes d_{i+1} rejected: not again
-            at = (torch.arange(b2 - 1, device=device)[None] == points[:, None]) & (points < draft.numel())[:, None]
+            at = (pos == points[:, None]) & (points < draft.numel())[:, None]
             idx = first.expand(len(points), -1)[..., None]
             logits = logits.scatter(-1, idx, torch.where(at[..., None], -torch.inf, logits.gather(-1, idx)))
         vp_conf, vp_tok = torch.softmax(logits, dim=-1).max(dim=-1)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from ..engine.drafter import BuildClock
 from ..engine.tree import DraftTree
 from ..models.checkpoint import check_fits, load_dflash
 from ..models.dflash import ContextKV, DFlashDrafter
-from ..engine.drafter import BuildClock
 from .base import DraftState
 
 

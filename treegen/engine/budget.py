@@ -149,6 +149,7 @@ class AutoBudget:
         self.catching_up = False   # the round after a rest folds the skipped context: not a typical pass
         self.tokens = self.seconds = 0.0   # running means over drafting rounds
         self.rounds = 0
+        self.plain = 1.0 / float(cost(torch.ones(1))[0])   # tokens/s of plain decoding: one token a one-row forward
 
     def choose(self, scores: torch.Tensor) -> int:
         """How many of the nodes (scores sorted best first) to verify."""
@@ -160,15 +161,18 @@ class AutoBudget:
         """After each round (drafted: the drafter ran, whatever the trim kept): the running tokens/s of
         drafting rounds against one token per one-row forward; below REST_MARGIN of it, rest (longer each
         time it stays below, back to 1 once drafting pays)."""
-        if not self.rests or not drafted or self.catching_up:
-            self.catching_up = self.catching_up and not drafted
+        if not drafted:   # a resting round: the next drafting round is the catch-up
+            return
+        if self.catching_up:
+            self.catching_up = False
+            return
+        if not self.rests:
             return
         w = REST_WINDOW if self.rounds else 1.0
         self.tokens += w * (tokens - self.tokens)
         self.seconds += w * (seconds - self.seconds)
         self.rounds += 1
-        plain = 1.0 / float(self.cost(torch.ones(1))[0])
-        if self.rounds >= REST_AFTER and self.tokens / self.seconds < REST_MARGIN * plain:
+        if self.rounds >= REST_AFTER and self.tokens / self.seconds < REST_MARGIN * self.plain:
             self.rest, self.backoff = self.backoff, min(2 * self.backoff, MAX_REST)
         else:
             self.rest, self.backoff = 0, 1

@@ -65,8 +65,8 @@ class TargetStep:
         self.lazy = lazy and lazy_logits_supported(model)
 
     def __call__(self, ids, positions, mask, cache) -> tuple[Logits, torch.Tensor | None]:
-        args = dict(input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
-                    output_hidden_states=bool(self.layer_ids))
+        args = {"input_ids": ids, "position_ids": positions, "attention_mask": mask, "cache": cache,
+                "use_cache": True, "output_hidden_states": bool(self.layer_ids)}
         if self.lazy:
             out = self.model.get_decoder()(**args)
             logits = Logits(out.last_hidden_state[0], self.model.get_output_embeddings())

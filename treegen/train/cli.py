@@ -158,7 +158,7 @@ def target_cmd(tok_dir, data, out, steps, minutes, resume):
 def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, anchors, lr, soft, heldout, prompts,
                   budgets, save_dtype, resume, seed):
     """Train TreeFlash's SwiGLU head on a frozen DFlash backbone; writes TreeFlash's published layout to OUT."""
-    from ..assets import DEMO_DRAFTER, demo_asset
+    from ..assets import shipped
     from ..loading import DTYPES
     from .treeflash import TreeFlashTrainConfig
     from .treeflash_pipeline import train_treeflash_pipeline
@@ -169,7 +169,7 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
         budget_list = tuple(int(b) for b in budgets.split(","))
     except ValueError:
         raise ValueError(f"--budgets takes comma-separated integers, got {budgets!r}") from None
-    drafter = str(DEMO_DRAFTER) if drafter == "demo" else str(demo_asset(drafter) or drafter)
+    drafter = shipped(drafter, "drafter")
     cfg = TreeFlashTrainConfig(batch=batch, seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
                                max_seconds=_budget(minutes), soft=soft, seed=seed)
     train_treeflash_pipeline(target, drafter, list(data), out, cfg, heldout=list(heldout), prompts=prompts,
@@ -197,15 +197,13 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
 def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_label, prefix_len, steps, minutes,
                batch, seq_len, anchors, lr, decay, heldout, resume, seed):
     """Train Domino's GRU correction head on a DFlash drafter; writes Domino's published layout to OUT."""
-    from ..assets import DEMO_TARGET, demo_asset
+    from ..assets import shipped
     from .domino import DominoTrainConfig, train_domino_pipeline
 
     cfg = DominoTrainConfig(recipe=recipe, emb_dim=emb_dim, gru_hidden_dim=gru_dim, shift_label=shift_label,
                             pure_draft_prefix_len=prefix_len, batch=batch, seq_len=seq_len, anchors=anchors, lr=lr,
                             max_steps=steps, max_seconds=_budget(minutes), decay=decay, seed=seed)
-    target = str(DEMO_TARGET) if target == "demo" else target
-    dflash_path = str(demo_asset(dflash_path) or dflash_path)
-    train_domino_pipeline(target, dflash_path, list(data), out, cfg, heldout=list(heldout), resume=resume, log=_log)
+    train_domino_pipeline(shipped(target, "target"), shipped(dflash_path, "drafter"), list(data), out, cfg, heldout=list(heldout), resume=resume, log=_log)
 
 
 @train.command("vp-drafter")

@@ -60,12 +60,13 @@ def train_dflash_pipeline(target_name: str, data: list[str], out: Path, cfg: DFl
     drafter = start_drafter(target, tok, cfg, mask_token_id, init)
     log(f"drafter: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters, "
         f"target layers {list(drafter.config.target_layer_ids)}; {len(stream)} training tokens")
+    heldout_stream = read_stream(heldout, tok) if heldout else None
     if heldout:
         untrained_dir = out / "untrained"
         from ..models.checkpoint import save_dflash
         save_dflash(drafter, untrained_dir)
         log("before training:" if init else "untrained baseline:")
-        estimate(target, untrained_dir, read_stream(heldout, tok), log)
+        estimate(target, untrained_dir, heldout_stream, log)
     steps, secs = train_dflash(target, drafter, stream, out, cfg, resume=resume, log=log)
     log(f"trained {steps} steps in {secs / 60:.1f} min; checkpoint in {out}")
-    return estimate(target, out, read_stream(heldout, tok), log) if heldout else {}
+    return estimate(target, out, heldout_stream, log) if heldout else {}

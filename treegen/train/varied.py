@@ -123,8 +123,7 @@ def write(texts: dict[str, list[str]], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for kind, items in texts.items():
         with open(out / f"{kind}.jsonl", "w", encoding="utf-8") as f:
-            for text in items:
-                f.write(json.dumps({"text": text}) + "\n")
+            f.writelines(json.dumps({"text": text}) + "\n" for text in items)
 
 
 def regenerate_all(out: Path, rows: int, batch: int, log) -> None:
@@ -133,14 +132,14 @@ def regenerate_all(out: Path, rows: int, batch: int, log) -> None:
 
     from ..assets import DEMO_TARGET
     from ..loading import load_target
-    from .data import read_data, regenerate, tokenize
+    from .data import read_stream, regenerate
 
     target, tok = load_target(str(DEMO_TARGET), dtype="fp32", device="cpu")
     parts = []
     for i, kind in enumerate(KINDS):
         part = out / f"regen-{kind}.pt"
         if not part.exists():  # each kind is saved when done, so a rerun resumes at the next one
-            stream = tokenize(read_data([str(out / f"{kind}.jsonl")]), tok)
+            stream = read_stream([str(out / f"{kind}.jsonl")], tok)
             n = int(rows * SHARE[kind]) // batch * batch
             got = regenerate(target, stream, n, PROMPT_LEN, GEN_LEN, temperatures=(0.0, 1.0), batch=batch,
                              seed=100 + i, log=lambda m, k=kind: log(f"{k}: {m}"))

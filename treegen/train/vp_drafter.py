@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
+from ..assets import shipped
 from ..models.dflash import DFlashDrafter
 from ..models.vp_drafter import mark_variable_prefix, save_vp_drafter
-from ..assets import shipped
 from .common import LoopConfig, Schedule, fit, random_windows
 from .data import read_stream
 from .dflash import block_loss, freeze, sample_anchors
