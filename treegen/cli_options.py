@@ -240,13 +240,17 @@ def resolve_config(kw: dict) -> presets_mod.Preset:
 
 
 def shipped(value: str | None, key: str) -> str | None:
-    """`demo` and `demo/NAME` name the shipped demo-pair checkpoints on the command line too, as in presets."""
-    from .assets import DEMO_DRAFTER, DEMO_TARGET, demo_asset
+    """Shipped names (demo, smollm2, demo/NAME, smollm2/NAME) on the command line too, as in presets; a file
+    or folder of that name here wins."""
+    from .assets import NotInstalled, named_checkpoint
 
-    if value == "demo":
-        return str(DEMO_DRAFTER if key == "drafter" else DEMO_TARGET)
-    asset = demo_asset(value) if value else None
-    return str(asset) if asset is not None and asset.exists() and not Path(value).exists() else value
+    if not value or Path(value).exists():
+        return value
+    try:
+        found = named_checkpoint(value, key)
+    except NotInstalled as err:
+        raise OptionError(str(err)) from None
+    return str(found) if found is not None and (found.exists() or value in ("demo", "smollm2")) else value
 
 
 def load_kwargs(kw: dict) -> dict:

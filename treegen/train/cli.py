@@ -59,13 +59,18 @@ def loop_options(lr: float = 1e-3):
 @click.option("--mask-token-id", type=click.IntRange(min=0), default=None, help="Default: the tokenizer's mask token.")
 @click.option("--init", default=None, help="Continue training this DFlash drafter (folder, hub id, demo or "
               "demo/NAME); its own shape replaces --layers, --block-size, --target-layers, --mask-token-id.")
+@click.option("--init-from-target", is_flag=True,
+              help="Start the drafter's layers as copies of the target's last layers (same shapes).")
+@click.option("--feature-cache", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Folder for the target's features of the training data, computed once (resumable) and "
+                   "reused by every step: for targets whose forward is most of a step.")
 @loop_options(lr=1e-3)
 @click.option("--regenerate", "regen", type=click.IntRange(min=0), default=0,
               help="Train on N target-regenerated sequences.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out text for the final acceptance estimate.")
 @guarded
-def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, init, steps, minutes, batch,
-               seq_len, anchors, lr, regen, heldout, resume, seed):
+def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, init, init_from_target,
+               feature_cache, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, resume, seed):
     """Train a DFlash block-diffusion drafter for TARGET; writes z-lab's checkpoint layout to OUT.
 
     Ctrl-C or SIGTERM stops at the end of the current step, with a checkpoint that --resume continues."""
@@ -81,7 +86,8 @@ def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_
     check_training_inputs(target, list(data) + list(heldout), out, resume)
     cfg = DFlashTrainConfig(num_layers=layers, block_size=block_size, target_layer_ids=ids, batch=batch,
                             seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
-                            max_seconds=_budget(minutes), seed=seed)
+                            max_seconds=_budget(minutes), seed=seed, init_from_target=init_from_target,
+                            feature_cache=str(feature_cache) if feature_cache else None)
     with stop_signals(), new_folder(out):
         train_dflash_pipeline(target, list(data), out, cfg, mask_token_id=mask_token_id, regen=regen,
                               heldout=list(heldout), resume=resume, init=init, log=_log)

@@ -26,6 +26,8 @@ class DFlashTrainConfig(LoopConfig):
     block_size: int = 16
     target_layer_ids: tuple[int, ...] | None = None   # None: z-lab's default spread
     intermediate_size: int | None = None              # None: the target's
+    init_from_target: bool = False                    # start each layer as a copy of one of the target's last
+    feature_cache: str | None = None                  # folder: the target's features computed once, reused
 
 
 def build_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig, seed: int = 0) -> DFlashDrafter:
@@ -45,7 +47,21 @@ def build_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig, seed: int 
     for name, p in model.named_parameters():
         if p.dim() == 2:
             torch.nn.init.normal_(p, std=0.02)
+    if cfg.init_from_target:
+        copy_target_layers(model, target)
     return model
+
+
+def copy_target_layers(drafter: DFlashDrafter, target) -> None:
+    """Drafter layer i starts as the target's layer L-n+i (the last n: their output feeds the same final norm
+    and lm_head); the projections, MLP and norms are copied, q/k norms (absent in Llama) stay ones."""
+    source = target.get_decoder().layers[-len(drafter.layers):]
+    with torch.no_grad():
+        for mine, theirs in zip(drafter.layers, source):
+            own = dict(mine.named_parameters())
+            for name, p in theirs.named_parameters():
+                if name in own and own[name].shape == p.shape:
+                    own[name].copy_(p)
 
 
 def target_features(target, ids: torch.Tensor, layer_ids) -> torch.Tensor:
@@ -102,9 +118,10 @@ def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tenso
     return (ce * weights).sum(-1).mean() / weights.sum()
 
 
-def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float):
+def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float,
+                features: torch.Tensor | None = None):
     """Position-weighted CE over every anchor's block; also returns top-1 accuracy per block position."""
-    hidden, tokens = block_pass(drafter, target, ids, anchors)
+    hidden, tokens = block_pass(drafter, target, ids, anchors, features=features)
     logits = target.get_output_embeddings()(hidden[:, :, 1:]).float()         # [b, n, B-1, V]
     labels = tokens[..., 1:]
     loss = weighted_ce(logits, labels, position_weights(labels.shape[-1], gamma))
@@ -139,6 +156,19 @@ def freeze(target) -> None:
         p.requires_grad_(False)
 
 
+def training_windows(target, drafter: DFlashDrafter, stream: torch.Tensor, cfg: LoopConfig, log):
+    """gen -> (ids [b, T], features or None): random windows of the stream, with the target's features from
+    cfg.feature_cache when it names one (filled first; None: the loss runs the target on every batch)."""
+    folder = getattr(cfg, "feature_cache", None)
+    if folder is None:
+        return lambda g: (random_windows(stream, cfg.batch, cfg.seq_len, g), None)
+    from .features import FeatureWindows
+
+    c = drafter.config
+    windows = FeatureWindows(Path(folder), target, stream, cfg.seq_len, c.target_layer_ids, c.hidden_size, log)
+    return lambda g: windows(cfg.batch, g)
+
+
 def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: Path, cfg: DFlashTrainConfig,
                  resume: bool = False, log=print):
     """Train on random windows of a token stream; checkpoints to out_dir/train_state.pt, exports to out_dir."""
@@ -149,10 +179,12 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
 
+    windows = training_windows(target, drafter, stream, cfg, log)
+
     def step_loss(g):
-        ids = random_windows(stream, cfg.batch, cfg.seq_len, g)
+        ids, features = windows(g)
         anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, cfg.block_size, g)
-        loss, acc = dflash_loss(drafter, target, ids, anchors, gamma)
+        loss, acc = dflash_loss(drafter, target, ids, anchors, gamma, features=features)
         return loss, cfg.batch * cfg.anchors * cfg.block_size, \
             f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
 

@@ -1,0 +1,272 @@
+"""Training data for a chat target's drafters: the target's OWN replies to a few thousand prompts built offline.
+
+    python -m treegen.train.chat_data --target smollm2 --out /work/train/smollm2 [--rows 2400]
+
+Prompts (none of them from a benchmark set): coding tasks templated from the docstrings of the stdlib's
+training split ("write a function that ..." / "explain this function"), general instructions from templates
+and word lists (explain, list, compare, write), questions on the Python reference's topics, and arithmetic
+word problems with random numbers. Each is rendered with the target's chat template and answered by the
+target itself (half greedy, half at T=0.7, at most 256 new tokens, stopping at its end-of-turn token), in
+length-sorted batches; every batch is saved as it finishes, so a rerun resumes after the last saved one. The
+result is one int32 token stream (prompt + reply + EOS per conversation) for `treegen train ... --data`.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+MAX_NEW = 256
+TEMPERATURES = (0.0, 0.7)
+
+TOPICS = ("photosynthesis", "the water cycle", "compound interest", "how vaccines work", "black holes",
+          "the French Revolution", "machine learning", "recursion", "public key cryptography", "inflation",
+          "plate tectonics", "the immune system", "how a bill becomes law", "supply and demand", "climate change",
+          "the theory of evolution", "how the internet works", "gravity", "the stock market", "renewable energy",
+          "the Roman Empire", "DNA", "sleep", "how airplanes fly", "blockchain", "the moon's phases",
+          "version control with git", "databases", "the scientific method", "probability", "volcanoes",
+          "electric cars", "the human heart", "time zones", "how a compiler works", "operating systems",
+          "the printing press", "bees and pollination", "rainbows", "hash tables", "sorting algorithms",
+          "unit testing", "HTTP", "the Pythagorean theorem", "prime numbers", "nutrition", "meditation")
+THINGS = ("the ocean", "a rainy morning", "an old library", "a lost cat", "the first day of school", "autumn",
+          "a mountain village", "a robot learning to paint", "a lighthouse keeper", "a city at night", "friendship",
+          "a garden in spring", "a long train journey", "a snowstorm", "a market in summer", "a forgotten key",
+          "a small bakery", "the desert at dawn", "a chess tournament", "a river", "a kite", "an empty stadium")
+ACTIVITIES = ("learning a new language", "staying focused while studying", "running a first marathon",
+              "saving money", "cooking for a family on a budget", "starting a vegetable garden", "job interviews",
+              "public speaking", "writing clean code", "keeping a houseplant alive", "sleeping better",
+              "travelling on a budget", "learning to draw", "working from home", "reading more books",
+              "organising a small event", "moving to a new city", "learning Python", "debugging a program")
+PAIRS = (("a list", "a tuple in Python"), ("weather", "climate"), ("a virus", "a bacterium"),
+         ("TCP", "UDP"), ("renting", "buying a home"), ("RAM", "storage"), ("a simile", "a metaphor"),
+         ("speed", "velocity"), ("a crocodile", "an alligator"), ("stocks", "bonds"), ("mitosis", "meiosis"),
+         ("a compiler", "an interpreter"), ("SQL", "NoSQL databases"), ("tea", "coffee"), ("cats", "dogs as pets"),
+         ("a process", "a thread"), ("the mean", "the median"), ("electric", "petrol cars"))
+GENERAL = ("Explain {topic} in simple terms.", "Explain {topic} to a ten-year-old.",
+           "What are the most important facts about {topic}?", "Give me a short summary of {topic}.",
+           "Why does {topic} matter?", "Write a short paragraph about {topic} for a school newsletter.",
+           "List five key ideas about {topic}.", "What is a common misconception about {topic}?",
+           "Write a haiku about {thing}.", "Write a short poem about {thing}.",
+           "Write a short story about {thing}.", "Describe {thing} in three sentences.",
+           "Give me three tips for {activity}.", "How should a beginner approach {activity}?",
+           "What are common mistakes in {activity}?", "Make a one-week plan for {activity}.",
+           "What is the difference between {a} and {b}?", "Compare {a} and {b} in a short table.",
+           "What are the pros and cons of {a} versus {b}?")
+CODE = ("Write a Python function `{name}` that does the following: {doc}",
+        "Implement `{name}` in Python. Its documentation says: {doc}",
+        "How would I write a function in Python that does this? {doc}")
+EXPLAIN = ("Explain what this Python code does:\n\n```python\n{src}\n```",
+           "Review this function and suggest one improvement:\n\n```python\n{src}\n```",
+           "Write a docstring for this function:\n\n```python\n{src}\n```")
+REFERENCE = ("What does the Python documentation say about {topic}?", "Explain {topic} in Python with an example.")
+NAMES = ("Sam", "Priya", "Lena", "Omar", "Jun", "Carlos", "Aisha", "Tom", "Mei", "Noah")
+ITEMS = (("apples", 0.5), ("notebooks", 2.25), ("tickets", 12.0), ("pens", 1.2), ("books", 8.5), ("plants", 4.0))
+
+
+def general_prompts(rng: random.Random, n: int) -> list[str]:
+    out = []
+    for _ in range(n):
+        template = rng.choice(GENERAL)
+        a, b = rng.choice(PAIRS)
+        out.append(template.format(topic=rng.choice(TOPICS), thing=rng.choice(THINGS),
+                                   activity=rng.choice(ACTIVITIES), a=a, b=b))
+    return out
+
+
+def math_prompts(rng: random.Random, n: int) -> list[str]:
+    out = []
+    for _ in range(n):
+        who, (item, price), k = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(3, 40)
+        budget = round(price * k + rng.randint(1, 30), 2)
+        out.append(rng.choice((
+            f"{who} buys {k} {item} at ${price:.2f} each and pays with ${budget:.2f}. How much change does "
+            f"{who} get? Show your working.",
+            f"If {k} {item} cost ${price * k:.2f}, how much do {k + rng.randint(2, 9)} {item} cost?",
+            f"{who} reads {k} pages a day. How many days does a {k * rng.randint(5, 30) + rng.randint(0, k - 1)}"
+            f"-page book take? Explain.",
+            f"What is {rng.randint(12, 99)} times {rng.randint(12, 99)}? Explain the steps.")))
+    return out
+
+
+def stdlib_functions(limit: int) -> list[tuple[str, str, str]]:
+    """(name, first docstring paragraph, source) of short documented functions of the stdlib's training split."""
+    from .corpus import read_texts, stdlib_files
+
+    found = []
+    for text in read_texts(stdlib_files("train")):
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        lines = text.splitlines()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") \
+                    and node.end_lineno - node.lineno < 25:
+                doc = ast.get_docstring(node)
+                src = "\n".join(lines[node.lineno - 1:node.end_lineno])   # get_source_segment re-splits the file
+                if doc and 60 < len(doc) and len(src) < 900:
+                    found.append((node.name, doc.split("\n\n")[0].replace("\n", " "), src))
+    return found[:limit] if len(found) <= limit else random.Random(0).sample(found, limit)
+
+
+def code_prompts(rng: random.Random, n: int) -> list[str]:
+    out = []
+    for name, doc, src in stdlib_functions(n):
+        out.append(rng.choice(EXPLAIN).format(src=src) if rng.random() < 0.4 else
+                   rng.choice(CODE).format(name=name, doc=doc))
+    return out
+
+
+def reference_prompts(rng: random.Random, n: int) -> list[str]:
+    from pydoc_data.topics import topics
+
+    names = sorted(topics)
+    return [rng.choice(REFERENCE).format(topic=f"`{rng.choice(names)}`") for _ in range(n)]
+
+
+def build_prompts(total: int, seed: int = 0) -> list[str]:
+    """`total` distinct prompts (fewer if the templates run out), drawn from the mix below."""
+    for scale in (1.0, 1.5, 2.0, 3.0):
+        prompts = prompt_mix(int(total * scale), seed)
+        if len(prompts) >= total:
+            break
+    return prompts[:total]
+
+
+def prompt_mix(total: int, seed: int) -> list[str]:
+    """40% general instructions, 35% code, 15% arithmetic, 10% Python reference; shuffled, repeats dropped."""
+    rng = random.Random(seed)
+    prompts = (general_prompts(rng, int(total * 0.4)) + code_prompts(rng, int(total * 0.35))
+               + math_prompts(rng, int(total * 0.15)) + reference_prompts(rng, int(total * 0.1)))
+    prompts = list(dict.fromkeys(prompts))   # templated prompts can repeat
+    rng.shuffle(prompts)
+    return prompts
+
+
+def feature_layers(config) -> tuple[int, ...]:
+    """The target layers whose states are kept: z-lab's spread for 3- and for 5-layer drafters."""
+    from ..models.dflash import default_target_layer_ids
+
+    n = config.num_hidden_layers
+    return tuple(sorted(set(default_target_layer_ids(n, 3)) | set(default_target_layer_ids(n, 5))))
+
+
+class LayerTap:
+    """Forward hooks that keep the outputs of some decoder layers over a whole generate() call: the
+    drafter's training features come from the generation's own forwards, not from a second pass."""
+
+    def __init__(self, target, layer_ids: tuple[int, ...]):
+        layers = target.get_decoder().layers
+        self.outputs: list[list] = [[] for _ in layer_ids]
+        self.handles = [layers[i].register_forward_hook(self._keep(k)) for k, i in enumerate(layer_ids)]
+
+    def _keep(self, k: int):
+        def hook(module, args, output):
+            state = output[0] if isinstance(output, tuple) else output
+            self.outputs[k].append(state.clamp(-65504, 65504).to(torch.float16))   # fp16's range, never inf
+        return hook
+
+    def features(self, length: int):
+        """[batch, length, k*H]: the kept states of every position; the last token, never fed, gets zeros."""
+        got = torch.cat([torch.cat(steps, dim=1) for steps in self.outputs], dim=-1)
+        return torch.nn.functional.pad(got, (0, 0, 0, length - got.shape[1]))
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def generate(target, tokenizer, prompts: list[str], out: Path, batch: int, log) -> None:
+    """Replies in length-sorted batches, run in a shuffled order; batch i is saved to out/part-i.pt (token
+    ids and the target's states at feature_layers per conversation), so a rerun resumes and the parts written
+    so far are already a fair sample of the whole."""
+    tokenizer.padding_side = "left"
+    rendered = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                              add_generation_prompt=True) for p in prompts]
+    order = sorted(range(len(rendered)), key=lambda i: len(rendered[i]))
+    batches = [order[i:i + batch] for i in range(0, len(order), batch)]
+    eos, layers = tokenizer.eos_token_id, feature_layers(target.config)
+    t0, done = time.perf_counter(), 0
+    for n, i in enumerate(random.Random(0).sample(range(len(batches)), len(batches))):  # any prefix is a sample
+        rows = batches[i]
+        part = out / f"part-{i:04d}.pt"
+        if part.exists():
+            continue
+        enc = tokenizer([rendered[j] for j in rows], return_tensors="pt", padding=True, add_special_tokens=False)
+        temp = TEMPERATURES[i % len(TEMPERATURES)]
+        torch.manual_seed(i)
+        sampling = dict(do_sample=True, temperature=temp, top_k=0, top_p=1.0) if temp > 0 else dict(do_sample=False)
+        tap = LayerTap(target, layers)
+        try:
+            with torch.no_grad():
+                got = target.generate(**enc, max_new_tokens=MAX_NEW, pad_token_id=eos, eos_token_id=eos, **sampling)
+            feats = tap.features(got.shape[1])
+        finally:
+            tap.close()
+        pad, width = (enc["attention_mask"] == 0).sum(1).tolist(), enc["input_ids"].shape[1]
+        convs = []
+        for r in range(len(rows)):
+            stop = (got[r, width:] == eos).nonzero()
+            end = width + (int(stop[0]) + 1 if len(stop) else got.shape[1] - width)
+            # prompt + reply + EOS without the padding, and the states of those positions
+            convs.append((got[r, pad[r]:end].to(torch.int32), feats[r, pad[r]:end].clone()))
+        torch.save({"layer_ids": layers, "conversations": convs}, part)
+        done += len(rows)
+        log(f"batch {n + 1}/{len(batches)} (T={temp}): {done} of {len(prompts)} conversations this run, "
+            f"{time.perf_counter() - t0:.0f} s")
+
+
+def collect(out: Path, hidden: int) -> int:
+    """stream.pt (every conversation's ids, concatenated) and beside it the feature store of the same tokens
+    (features.FeatureStore), from the saved parts; returns the number of tokens."""
+    from .features import FeatureStore
+
+    parts = sorted(out.glob("part-*.pt"))
+    loaded = [torch.load(p) for p in parts]
+    convs = [c for part in loaded for c in part["conversations"]]
+    stream = torch.cat([ids for ids, _ in convs])
+    torch.save(stream, out / "stream.pt")
+    store = FeatureStore.create(out / "features", stream, loaded[0]["layer_ids"], hidden)
+    at = 0
+    for ids, feats in convs:
+        store.data[at:at + len(ids)] = feats.numpy()
+        at += len(ids)
+    store.finish(len(stream))
+    return len(stream)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", required=True, help="a target path, .gguf, or 'smollm2'")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rows", type=int, default=2400, help="conversations to generate")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args(argv)
+    from ..loading import load_target
+    from ..assets import shipped
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    target, tok = load_target(shipped(args.target, "target"), dtype="fp32", device="cpu")
+    prompts = build_prompts(args.rows)
+    (args.out / "prompts.txt").write_text("\n\x1e\n".join(prompts), encoding="utf-8")
+    log(f"{len(prompts)} prompts; generating replies in batches of {args.batch}")
+    generate(target, tok, prompts, args.out, args.batch, log)
+    tokens = collect(args.out, target.config.hidden_size)
+    log(f"wrote {args.out / 'stream.pt'} and its target features: {tokens} tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The target's context features of a training stream, computed once and memory-mapped.
+
+A drafter trainer needs the target's hidden states at a few layers for every window it sees. For the demo
+target a forward per step is cheap; for a real one (SmolLM2's 30 layers on a CPU) it is most of the step,
+and every epoch and every head would pay it again. A FeatureStore keeps them beside the stream: fp16
+[tokens, layers*H] on disk, with meta.json naming the stream (a digest) and the layers. It is written either
+by the data generator from its own forwards (treegen.train.chat_data) or by fill() here, window by window
+(resumable: progress is written after every batch). A store may hold more layers than a drafter reads.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+META, DATA = "meta.json", "features.f16"
+
+
+def stream_digest(stream: torch.Tensor) -> str:
+    return hashlib.sha1(stream.to(torch.int32).numpy().tobytes()).hexdigest()[:16]
+
+
+class FeatureStore:
+    def __init__(self, folder: Path, meta: dict, mode: str):
+        self.folder, self.meta = Path(folder), meta
+        self.layer_ids = tuple(meta["layer_ids"])
+        self.data = np.memmap(self.folder / DATA, dtype=np.float16, mode=mode,
+                              shape=(meta["tokens"], meta["hidden"] * len(self.layer_ids)))
+
+    @classmethod
+    def create(cls, folder: Path, stream: torch.Tensor, layer_ids, hidden: int) -> FeatureStore:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        meta = {"stream": stream_digest(stream), "tokens": len(stream), "layer_ids": list(layer_ids),
+                "hidden": hidden, "done": 0}
+        store = cls(folder, meta, "w+")
+        store._write_meta()
+        return store
+
+    @classmethod
+    def open(cls, folder: Path, stream: torch.Tensor) -> FeatureStore | None:
+        """The store in folder if it holds this stream's features; None otherwise."""
+        try:
+            meta = json.loads((Path(folder) / META).read_text())
+        except (OSError, ValueError):
+            return None
+        if meta.get("stream") != stream_digest(stream) or meta.get("tokens") != len(stream) \
+                or not (Path(folder) / DATA).exists():
+            return None
+        return cls(folder, meta, "r+")
+
+    def _write_meta(self) -> None:
+        tmp = self.folder / (META + ".tmp")
+        tmp.write_text(json.dumps(self.meta))
+        tmp.replace(self.folder / META)
+
+    def finish(self, done: int) -> None:
+        """Mark the first `done` tokens written (after a flush: a kill never marks unwritten rows done)."""
+        self.data.flush()
+        self.meta["done"] = done
+        self._write_meta()
+
+    @property
+    def done(self) -> int:
+        return int(self.meta.get("done", 0))
+
+    def columns(self, layer_ids) -> np.ndarray | None:
+        """Column indices of `layer_ids`' states, in that order; None if the store lacks one of them."""
+        if not set(layer_ids) <= set(self.layer_ids):
+            return None
+        h = self.meta["hidden"]
+        return np.concatenate([np.arange(h) + h * self.layer_ids.index(i) for i in layer_ids])
+
+
+@torch.no_grad()
+def fill(store: FeatureStore, target, ids: torch.Tensor, seq_len: int, batch: int = 8, log=print) -> None:
+    """Compute the states of every aligned seq_len window not yet done, `batch` windows per forward."""
+    from .dflash import target_features
+
+    windows = len(ids) // seq_len
+    start, t0 = store.done // seq_len, time.perf_counter()
+    for i in range(start, windows, batch):
+        j = min(i + batch, windows)
+        chunk = ids[i * seq_len:j * seq_len].view(j - i, seq_len).long()
+        feats = target_features(target, chunk, store.layer_ids).to(torch.float16)
+        store.data[i * seq_len:j * seq_len] = feats.reshape(-1, feats.shape[-1]).numpy()
+        store.finish(j * seq_len)
+        if (j // batch) % 10 == 0 or j == windows:
+            rate = (j - start) * seq_len / max(time.perf_counter() - t0, 1e-9)
+            log(f"target features: {j}/{windows} windows ({rate:.0f} tokens/s)")
+
+
+class FeatureWindows:
+    """Random aligned windows of a stream with the target's features at `layer_ids`, from the store in
+    `folder` (made and filled first when it is missing, stale or lacks a layer)."""
+
+    def __init__(self, folder: Path, target, stream: torch.Tensor, seq_len: int, layer_ids, hidden: int, log=print):
+        store = FeatureStore.open(folder, stream)
+        if store is None or store.columns(layer_ids) is None:
+            store = FeatureStore.create(folder, stream, layer_ids, hidden)
+        self.seq_len, self.windows = seq_len, len(stream) // seq_len
+        if self.windows < 1:
+            raise ValueError(f"the training data is {len(stream)} tokens, shorter than one {seq_len}-token window")
+        if store.done < self.windows * seq_len:
+            log(f"computing the target's features of {self.windows * seq_len} tokens once into {folder}")
+            fill(store, target, stream, seq_len, log=log)
+        self.store, self.cols, self.stream = store, store.columns(layer_ids), stream
+
+    def __call__(self, batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids [b, T] and their features [b, T, k*H] (fp32)."""
+        starts = (torch.randint(0, self.windows, (batch,), generator=gen) * self.seq_len).tolist()
+        ids = torch.stack([self.stream[s:s + self.seq_len] for s in starts]).long()
+        feats = np.stack([self.store.data[s:s + self.seq_len][:, self.cols] for s in starts])
+        return ids, torch.from_numpy(feats).float()
