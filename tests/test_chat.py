@@ -126,3 +126,16 @@ def test_a_prompt_too_long_is_reported_and_not_kept():
 def test_quiet_hides_the_banner(quiet):
     _, _, err = run_repl("", quiet=quiet)
     assert ("Ctrl-D to exit" in err) is not quiet
+
+
+def test_save_writes_the_whole_conversation_and_survives_a_bad_path(tmp_path):
+    import json
+
+    text_file, json_file = tmp_path / "talk.txt", tmp_path / "talk.json"
+    repl, _, err = run_repl(f"tell me\n/save {text_file}\n/save {json_file}\n/save {tmp_path}/no/such/dir/x\n"
+                            "/save\nagain\n")
+    assert text_file.read_text() == "User: tell me\n\nAssistant: one two three\n\n"
+    assert json.loads(json_file.read_text())[:2] == [{"role": "user", "content": "tell me"},
+                                                     {"role": "assistant", "content": "one two three"}]
+    assert "(saved 2 messages to" in err and "/save: cannot write" in err and "usage: /save FILE" in err
+    assert len(repl.conversation.turns) == 4   # a failed save ends nothing: the next message was answered

@@ -20,6 +20,7 @@ HELP = """\
 /clear             forget the conversation (the system prompt stays)
 /stats             statistics of the last reply and of the session
 /set KEY VALUE     change a sampling value: temperature, top_k, top_p, min_p, max_new_tokens (n), seed
+/save FILE         write the conversation to FILE (JSON messages if it ends in .json, else plain text)
 /exit, /quit       leave (so does Ctrl-D)
 End a line with \\ to go on on the next line; start it with // to send a message that begins with /.
 Ctrl-C stops the current reply (what came so far stays in the history); at the prompt it clears the line."""
@@ -73,6 +74,11 @@ def fit(conversation: Conversation, render, encode, budget: int | None) -> list[
         ids = encode(render(conversation.messages(start)))
     conversation.start = start
     return ids
+
+
+def transcript(messages: list[dict]) -> str:
+    """Plain text: a 'System:' / 'User:' / 'Assistant:' block per message."""
+    return "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages)
 
 
 def plural(n: int, word: str, words: str) -> str:
@@ -170,7 +176,8 @@ class ChatREPL:
         name, _, arg = line.partition(" ")
         if name in ("/exit", "/quit"):
             return False
-        command = {"/help": self.help, "/clear": self.clear, "/stats": self.stats, "/set": self.set}.get(name)
+        command = {"/help": self.help, "/clear": self.clear, "/stats": self.stats, "/set": self.set,
+                   "/save": self.save}.get(name)
         if command is None:
             self.say(f"unknown command {name}; /help lists them")
         else:
@@ -201,6 +208,30 @@ class ChatREPL:
             self.say(f"/set: {err}; {name} stays {'unset' if now is None else now}")
             return
         self.say(f"({name} = {self.sampling[name]})")
+
+    def save(self, arg: str) -> None:
+        """/save FILE: the whole conversation (also what no longer fits the context), written atomically."""
+        import json
+        import os
+        from pathlib import Path
+
+        if not arg:
+            self.say("/save: usage: /save FILE")
+            return
+        path = Path(arg).expanduser()
+        messages = self.conversation.messages(0)
+        text = json.dumps(messages, ensure_ascii=False, indent=1) + "\n" if path.suffix == ".json" \
+            else transcript(messages)
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as err:
+            if tmp.parent.is_dir():
+                tmp.unlink(missing_ok=True)
+            self.say(f"/save: cannot write {arg}: {err.strerror or err}; the conversation is unchanged")
+            return
+        self.say(f"(saved {plural(len(self.conversation.turns), 'message', 'messages')} to {path})")
 
     def stats(self, _: str) -> None:
         replies = sum(turn["role"] == "assistant" for turn in self.conversation.turns)

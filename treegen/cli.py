@@ -302,15 +302,17 @@ def presets_group(ctx):
 
 @presets_group.command("list")
 def presets_list():
-    """Every preset found, with its one-line description."""
+    """Every preset found, with the model pair it runs (demo, smollm2, or its target) and its description."""
     found = presets_mod.available()
     width = max((len(n) for n in found), default=0)
+    pairs = {name: presets_mod.pair_of(path) for name, path in found.items()}
+    pair_width = max((len(p) for p in pairs.values()), default=0)
     for name, path in found.items():
         try:
             line = presets_mod.load(str(path)).description
         except presets_mod.PresetError as err:
             line = f"(invalid: {clip(str(err))})"
-        click.echo(f"{name:<{width}}  {line}")
+        click.echo(f"{name:<{width}}  {pairs[name]:<{pair_width}}  {line}")
     if not found:
         click.echo("no presets found in " + ", ".join(map(str, presets_mod.search_dirs())), err=True)
 

@@ -124,6 +124,22 @@ def find(name_or_path: str) -> Path:
     return known[name_or_path]
 
 
+def pair_of(path: Path) -> str:
+    """The model pair a preset file names, for listings: demo, smollm2 (marked when not installed), or its
+    target as written; '?' when the file cannot be read."""
+    from .assets import SMOLLM2, smollm2_gguf
+
+    try:
+        target = read_yaml(path).get("target")
+    except PresetError:
+        return "?"
+    if target in (None, "demo"):
+        return "demo"
+    if target == SMOLLM2:
+        return SMOLLM2 if smollm2_gguf() is not None else f"{SMOLLM2} (not installed)"
+    return str(target)
+
+
 def load(name_or_path: str) -> Preset:
     path = find(name_or_path)
     return parse(read_yaml(path), path)

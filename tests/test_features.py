@@ -1,0 +1,69 @@
+"""Training features: the states a data generator taps from its own forwards equal a plain forward's, and
+a feature store is filled once, resumed, and read back by column."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from treegen.train.chat_data import LayerTap, build_prompts
+from treegen.train.dflash import target_features
+from treegen.train.features import FeatureStore, FeatureWindows
+
+from conftest import tiny_llama
+
+
+def test_tapped_states_of_a_left_padded_generation_match_a_forward_of_each_row():
+    model = tiny_llama(layers=3)
+    prompts = [torch.tensor([5, 6, 7, 8, 9, 10]), torch.tensor([11, 12, 13])]
+    ids = torch.full((2, 6), 0)
+    mask = torch.zeros(2, 6, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, 6 - len(p):], mask[r, 6 - len(p):] = p, 1
+    tap = LayerTap(model, (0, 1))   # (the last layer's hidden_states entry is after the final norm)
+    try:
+        got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+        feats = tap.features(got.shape[1])
+    finally:
+        tap.close()
+    for r, p in enumerate(prompts):
+        row = got[r, 6 - len(p):]
+        ref = target_features(model, row[None], (0, 1))[0]
+        torch.testing.assert_close(feats[r, 6 - len(p):-1].float(), ref[:-1], atol=2e-3, rtol=2e-3)
+        assert not feats[r, -1].any()   # the last token is never fed: zeros
+
+
+def test_store_is_filled_once_resumed_and_read_by_column(tmp_path, monkeypatch):
+    import treegen.train.features as features
+
+    model = tiny_llama(layers=3)
+    stream = torch.randint(3, 90, (200,), generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    windows = FeatureWindows(tmp_path, model, stream, 32, (0, 2), model.config.hidden_size, log=lambda m: None)
+    ids, feats = windows(4, torch.Generator().manual_seed(1))
+    assert ids.shape == (4, 32) and feats.shape == (4, 32, 2 * model.config.hidden_size)
+    torch.testing.assert_close(feats, target_features(model, ids, (0, 2)), atol=1e-2, rtol=1e-2)
+
+    monkeypatch.setattr(features, "fill", lambda *a, **k: pytest.fail("a filled store is not computed again"))
+    one = FeatureWindows(tmp_path, model, stream, 32, (2,), model.config.hidden_size, log=lambda m: None)
+    ids, feats = one(2, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(feats, target_features(model, ids, (2,)), atol=1e-2, rtol=1e-2)
+
+
+def test_an_interrupted_fill_resumes_where_it_stopped(tmp_path):
+    model = tiny_llama(layers=2)
+    stream = torch.randint(3, 90, (256,), generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    store = FeatureStore.create(tmp_path, stream, (1,), model.config.hidden_size)
+    store.finish(64)  # as if killed after two 32-token windows
+    reopened = FeatureStore.open(tmp_path, stream)
+    assert reopened.done == 64 and FeatureStore.open(tmp_path, stream[:-1]) is None
+    seen = []
+    FeatureWindows(tmp_path, model, stream, 32, (1,), model.config.hidden_size, log=seen.append)
+    assert FeatureStore.open(tmp_path, stream).done == 256 and any("6/8" in m or "8/8" in m for m in seen)
+
+
+def test_training_prompts_are_distinct_and_never_a_benchmark_prompt():
+    from treegen.bench.prompts import load_prompts
+
+    prompts = build_prompts(60)
+    assert len(prompts) == 60 == len(set(prompts)) and prompts == build_prompts(60)
+    bench = {p.text for name in ("chat", "prose", "stdlib-heldout", "thirdparty-code") for p in load_prompts(name)}
+    assert not bench & set(prompts)
