@@ -180,3 +180,19 @@ def test_identity_per_category_and_null_when_sampling():
 def test_prompts_of_the_package_are_shipped():
     assert {p.name for p in Path(P.BUILTIN_DIR).glob("*.jsonl")} == {"chat.jsonl", "stdlib-heldout.jsonl",
                                                                       "thirdparty-code.jsonl", "prose.jsonl"}
+
+
+def test_chat_prompts_go_through_the_chat_template_and_plain_ones_do_not():
+    from types import SimpleNamespace
+
+    from treegen.bench.runner import encode_for
+    from treegen.bench.session import chat_prompts
+
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
+    tok = SimpleNamespace(chat_template=template, apply_chat_template=lambda msgs, **kw: "".join(
+        f"<{m['role']}>{m['content']}" for m in msgs) + "<assistant>")
+    gen = SimpleNamespace(tokenizer=tok, encode=lambda text: list(text))
+    assert "".join(encode_for(gen, "hi", chat=True)) == "<user>hi<assistant>"
+    assert encode_for(gen, "hi", chat=False) == ["h", "i"]
+    assert chat_prompts({"chat": None, "prompts": "chat"}) and not chat_prompts({"chat": None, "prompts": None})
+    assert not chat_prompts({"chat": False, "prompts": "chat"}) and chat_prompts({"chat": True, "prompts": "x"})

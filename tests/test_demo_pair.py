@@ -46,7 +46,7 @@ def test_greedy_exact_on_demo(demo, method):
 
 def test_fresh_complete_prints_code_offline():
     """`echo 'def fib(n):' | treegen complete -n 64`, as a new user types it."""
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin", "TREEGEN_PAIR": "demo"}
     proc = subprocess.run([sys.executable, "-m", "treegen.cli", "complete", "-n", "64"], input="def fib(n):\n",
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_llama
 
 from treegen.train.chat_data import LayerTap, build_prompts
 from treegen.train.dflash import target_features
 from treegen.train.features import FeatureStore, FeatureWindows
-
-from conftest import tiny_llama
 
 
 def test_tapped_states_of_a_left_padded_generation_match_a_forward_of_each_row():
@@ -33,7 +32,7 @@ def test_tapped_states_of_a_left_padded_generation_match_a_forward_of_each_row()
 
 
 def test_store_is_filled_once_resumed_and_read_by_column(tmp_path, monkeypatch):
-    import treegen.train.features as features
+    from treegen.train import features
 
     model = tiny_llama(layers=3)
     stream = torch.randint(3, 90, (200,), generator=torch.Generator().manual_seed(0)).to(torch.int32)

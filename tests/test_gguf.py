@@ -205,4 +205,14 @@ def test_cli_runs_a_gguf_target(tiny_gguf, cache):
     result = CliRunner().invoke(cli, ["complete", "--target", str(tiny_gguf), "--method", "ar", "-n", "4",
                                       "-p", "the cat", "--quiet"])
     assert result.exit_code == 0, result.output
-    assert result.stderr.count("\n") == 1 and "converting tiny.gguf once" in result.stderr   # even with --quiet
+    assert result.stderr == ""    # --quiet: not even the one-time conversion notice
+    loud = CliRunner().invoke(cli, ["complete", "--target", str(tiny_gguf), "--method", "ar", "-n", "4",
+                                    "-p", "the cat", "--quiet"])
+    assert loud.exit_code == 0 and loud.stderr == ""   # converted already: the cache is read
+
+
+def test_the_conversion_notice_is_said_once_without_quiet(tiny_gguf, cache):
+    args = ["complete", "--target", str(tiny_gguf), "--method", "ar", "-n", "4", "-p", "the cat"]
+    first, second = CliRunner().invoke(cli, args), CliRunner().invoke(cli, args)
+    assert first.exit_code == second.exit_code == 0
+    assert "converting tiny.gguf once" in first.stderr and "converting" not in second.stderr

@@ -9,7 +9,7 @@ import re
 import sys
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import click
@@ -298,7 +298,9 @@ def load_generator(cfg: presets_mod.Preset, load: dict, quiet: bool):
 
     given = {k: v for k, v in {"target": cfg.target, "drafter": cfg.drafter, "method": cfg.method}.items()
              if v is not None}
-    with loading_notice(cfg.target or "the demo target", quiet):
+    from .gguf import quiet_conversion
+
+    with loading_notice(cfg.target or "the demo target", quiet), quiet_conversion() if quiet else nullcontext():
         return Generator(method_options=dict(cfg.method_options), **given, **load)
 
 

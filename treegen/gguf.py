@@ -4,6 +4,7 @@ later load reads that folder. Nothing heavy is imported at module level (treegen
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import hashlib
 import io
@@ -19,6 +20,19 @@ MAGIC = b"GGUF"
 PIP = "pip install 'gguf>=0.10'"
 CHUNK = 1 << 24          # bytes hashed per read: a GGUF can be many GB
 FLOAT_TYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+QUIET = contextvars.ContextVar("treegen_gguf_quiet", default=False)   # --quiet: no conversion notice
+
+
+@contextlib.contextmanager
+def quiet_conversion():
+    """Within this block a first conversion says nothing on stderr (what --quiet asks for)."""
+    token = QUIET.set(True)
+    try:
+        yield
+    finally:
+        QUIET.reset(token)
 
 
 class GGUFError(ValueError):
@@ -74,7 +88,8 @@ def cached_target(file: Path) -> Path:
     if (folder / "config.json").is_file():
         return folder
     header = read_header(file)
-    print(f"treegen: converting {file.name} once into {folder} (first load only)", file=sys.stderr, flush=True)
+    if not QUIET.get():
+        print(f"treegen: converting {file.name} once into {folder} (first load only)", file=sys.stderr, flush=True)
     convert_atomically(file, folder, header)
     return folder
 

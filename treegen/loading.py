@@ -115,7 +115,7 @@ def load_target(name: str, *, dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_
     check_hub(source)
     torch_dtype = resolve_dtype(dtype, dev)
     quant = _quantization(load_in_8bit, load_in_4bit, torch_dtype)
-    kwargs = dict(dtype=torch_dtype, attn_implementation=attn_implementation)
+    kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
     if quant is not None:
         kwargs["quantization_config"] = quant
     if device_map is not None:

@@ -20,6 +20,7 @@ HF_PLD_TOKENS = 10      # the value transformers' documentation uses
 
 class HFPeer:
     has_rounds = False
+    chat = False
 
     def __init__(self, label: str, generator, extra: dict | None = None):
         self.label, self.generator, self.extra = label, generator, dict(extra or {})
@@ -27,7 +28,9 @@ class HFPeer:
         self.eos = sorted(eos_ids(generator.model, generator.tokenizer))
 
     def encode(self, text: str) -> list[int]:
-        return self.generator.encode(text)
+        from .runner import encode_for
+
+        return encode_for(self.generator, text, self.chat)
 
     def run(self, ids, max_new_tokens, temperature, seed) -> Output:
         model = self.generator.model

@@ -46,6 +46,7 @@ class Run:
 class Contestant(Protocol):
     label: str
     has_rounds: bool      # whether its Stats carry rounds (acceptance numbers)
+    chat: bool            # whether prompts go in as chat messages
     target: str | None    # the target it runs on; its identity and speedup are checked against that `ar`
 
     def encode(self, text: str) -> list[int]: ...
@@ -53,18 +54,28 @@ class Contestant(Protocol):
     def run(self, ids: list[int], max_new_tokens: int, temperature: float, seed: int | None) -> Output: ...
 
 
+def encode_for(generator, text: str, chat: bool) -> list[int]:
+    """A prompt's ids: one user message in the target's chat template (chat), or the text as it is."""
+    if chat:
+        from ..chat import ChatFormat
+
+        text = ChatFormat(generator.tokenizer).render([{"role": "user", "content": text}])
+    return generator.encode(text)
+
+
 class TreegenContestant:
     """One method (or preset) on a shared, already loaded target. It runs the engine's round loop itself:
     token ids out, no text decoding per round, timed like the peers' generate() (prompt already on the
     device), so only the decoding methods differ."""
     has_rounds = True
+    chat = False          # prompts as chat messages (set by the session for every contestant alike)
 
     def __init__(self, spec: MethodSpec, generator):
         self.spec, self.generator = spec, generator
         self.label, self.target = spec.label, spec.target
 
     def encode(self, text: str) -> list[int]:
-        return self.generator.encode(text)
+        return encode_for(self.generator, text, self.chat)
 
     def run(self, ids, max_new_tokens, temperature, seed) -> Output:
         import torch

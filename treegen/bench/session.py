@@ -25,10 +25,17 @@ def run_bench(kw: dict, command: str) -> None:
     if kw["threads"]:
         set_threads(kw["threads"])
     contestants = load_all(specs, kw)
+    for c in contestants:
+        c.chat = chat_prompts(kw)
     runs = run_with_progress(contestants, prompts, settings, kw["quiet"])
     results = summarize_all(contestants, specs, runs, prompts, settings)
     write_outputs(kw, results, runs, prompts, settings, meta(kw, command, specs))
     fail_on_mismatch(results, kw["allow_mismatch"])
+
+
+def chat_prompts(kw: dict) -> bool:
+    """--chat / --plain as given; otherwise chat messages for the built-in chat set only."""
+    return kw["chat"] if kw.get("chat") is not None else kw["prompts"] == "chat"
 
 
 def check_dest(flag: str, dest: str | None) -> None:
@@ -151,7 +158,8 @@ def meta(kw: dict, command: str, specs: list[MethodSpec]) -> dict:
     path = Path(source).expanduser()
     drafter = next((s.drafter for s in specs if s.drafter), None)
     return {"command": command, "target": target_name(specs[0].target), "drafter": drafter,
-            "prompts_source": str(path.resolve()) if path.is_file() else source, "limit": kw["limit"]}
+            "prompts_source": str(path.resolve()) if path.is_file() else source, "limit": kw["limit"],
+            "chat_template": chat_prompts(kw)}
 
 
 def write_outputs(kw: dict, results: list[Result], runs: list[Run], prompts: list[Prompt], settings: Settings,

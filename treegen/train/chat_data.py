@@ -85,11 +85,11 @@ def math_prompts(rng: random.Random, n: int) -> list[str]:
         who, (item, price), k = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(3, 40)
         budget = round(price * k + rng.randint(1, 30), 2)
         out.append(rng.choice((
-            f"{who} buys {k} {item} at ${price:.2f} each and pays with ${budget:.2f}. How much change does "
-            f"{who} get? Show your working.",
+            (f"{who} buys {k} {item} at ${price:.2f} each and pays with ${budget:.2f}. How much change does "
+             f"{who} get? Show your working."),
             f"If {k} {item} cost ${price * k:.2f}, how much do {k + rng.randint(2, 9)} {item} cost?",
-            f"{who} reads {k} pages a day. How many days does a {k * rng.randint(5, 30) + rng.randint(0, k - 1)}"
-            f"-page book take? Explain.",
+            (f"{who} reads {k} pages a day. How many days does a "
+             f"{k * rng.randint(5, 30) + rng.randint(0, k - 1)}-page book take? Explain."),
             f"What is {rng.randint(12, 99)} times {rng.randint(12, 99)}? Explain the steps.")))
     return out
 
@@ -208,7 +208,8 @@ def generate(target, tokenizer, prompts: list[str], out: Path, batch: int, log) 
         enc = tokenizer([rendered[j] for j in rows], return_tensors="pt", padding=True, add_special_tokens=False)
         temp = TEMPERATURES[i % len(TEMPERATURES)]
         torch.manual_seed(i)
-        sampling = dict(do_sample=True, temperature=temp, top_k=0, top_p=1.0) if temp > 0 else dict(do_sample=False)
+        sampling = {"do_sample": True, "temperature": temp, "top_k": 0, "top_p": 1.0} if temp > 0 \
+            else {"do_sample": False}
         tap = LayerTap(target, layers)
         try:
             with torch.no_grad():
@@ -256,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
-    from ..loading import load_target
     from ..assets import shipped
+    from ..loading import load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)

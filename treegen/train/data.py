@@ -88,7 +88,8 @@ def regenerate(target, stream: torch.Tensor, n_seqs: int, prompt_len: int, gen_l
         prompts = random_windows(stream, min(batch, n_seqs - i), prompt_len, gen)
         temp = temperatures[(i // batch) % len(temperatures)]
         torch.manual_seed(seed + i)
-        sampling = dict(do_sample=True, temperature=temp, top_k=0, top_p=1.0) if temp > 0 else dict(do_sample=False)
+        sampling = {"do_sample": True, "temperature": temp, "top_k": 0, "top_p": 1.0} if temp > 0 \
+            else {"do_sample": False}
         out = target.generate(prompts, max_new_tokens=gen_len, min_new_tokens=gen_len, **sampling)
         rows.append(out[:, :prompt_len + gen_len])
         if log:
