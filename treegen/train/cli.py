@@ -15,6 +15,21 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _shipped(value: str, kind: str) -> str:
+    """Shipped names (demo, smollm2, demo/NAME, smollm2/NAME) resolved; not installed: a usage error."""
+    from ..cli_options import shipped
+    from ..validate import OptionError
+
+    try:
+        return shipped(value, kind)
+    except OptionError as err:
+        raise click.UsageError(str(err)) from None
+
+
+def _folder(path: Path | None) -> str | None:
+    return str(path) if path else None
+
+
 def _budget(minutes: float | None) -> float:
     return math.inf if minutes is None else minutes * 60
 
@@ -39,6 +54,9 @@ def loop_options(lr: float = 1e-3):
                      help="Random anchors (blocks) per sequence."),
         click.option("--lr", type=click.FloatRange(min=0, min_open=True, max=1), default=lr, show_default=True),
         click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt (also after Ctrl-C or SIGTERM)."),
+        click.option("--feature-cache", type=click.Path(path_type=Path, file_okay=False), default=None,
+                     help="Folder of the target's features of the data, computed once (resumable) and read by "
+                          "every step, for targets whose forward is most of a step (chat_data writes one)."),
         click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)]
 
     def wrap(f):
@@ -61,23 +79,20 @@ def loop_options(lr: float = 1e-3):
               "demo/NAME); its own shape replaces --layers, --block-size, --target-layers, --mask-token-id.")
 @click.option("--init-from-target", is_flag=True,
               help="Start the drafter's layers as copies of the target's last layers (same shapes).")
-@click.option("--feature-cache", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Folder for the target's features of the training data, computed once (resumable) and "
-                   "reused by every step: for targets whose forward is most of a step.")
 @loop_options(lr=1e-3)
 @click.option("--regenerate", "regen", type=click.IntRange(min=0), default=0,
               help="Train on N target-regenerated sequences.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out text for the final acceptance estimate.")
 @guarded
 def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, init, init_from_target,
-               feature_cache, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, resume, seed):
+               steps, minutes, batch, seq_len, anchors, lr, regen, heldout, resume, feature_cache, seed):
     """Train a DFlash block-diffusion drafter for TARGET; writes z-lab's checkpoint layout to OUT.
 
     Ctrl-C or SIGTERM stops at the end of the current step, with a checkpoint that --resume continues."""
     from .dflash import DFlashTrainConfig
     from .pipeline import train_dflash_pipeline
 
-    ids = layer_ids(target_layers)
+    ids, target = layer_ids(target_layers), _shipped(target, "target")
     if block_size >= seq_len:
         raise click.UsageError(f"--block-size {block_size} must be below --seq-len {seq_len}")
     if anchors > seq_len - block_size:
@@ -87,7 +102,7 @@ def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_
     cfg = DFlashTrainConfig(num_layers=layers, block_size=block_size, target_layer_ids=ids, batch=batch,
                             seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
                             max_seconds=_budget(minutes), seed=seed, init_from_target=init_from_target,
-                            feature_cache=str(feature_cache) if feature_cache else None)
+                            feature_cache=_folder(feature_cache))
     with stop_signals(), new_folder(out):
         train_dflash_pipeline(target, list(data), out, cfg, mask_token_id=mask_token_id, regen=regen,
                               heldout=list(heldout), resume=resume, init=init, log=_log)
@@ -162,9 +177,8 @@ def target_cmd(tok_dir, data, out, steps, minutes, resume):
               show_default=True, help="Dtype of the exported checkpoint.")
 @guarded
 def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, anchors, lr, soft, heldout, prompts,
-                  budgets, save_dtype, resume, seed):
+                  budgets, save_dtype, resume, feature_cache, seed):
     """Train TreeFlash's SwiGLU head on a frozen DFlash backbone; writes TreeFlash's published layout to OUT."""
-    from ..assets import shipped
     from ..loading import DTYPES
     from .treeflash import TreeFlashTrainConfig
     from .treeflash_pipeline import train_treeflash_pipeline
@@ -175,9 +189,9 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
         budget_list = tuple(int(b) for b in budgets.split(","))
     except ValueError:
         raise ValueError(f"--budgets takes comma-separated integers, got {budgets!r}") from None
-    drafter = shipped(drafter, "drafter")
+    target, drafter = _shipped(target, "target"), _shipped(drafter, "drafter")
     cfg = TreeFlashTrainConfig(batch=batch, seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
-                               max_seconds=_budget(minutes), soft=soft, seed=seed)
+                               max_seconds=_budget(minutes), soft=soft, seed=seed, feature_cache=_folder(feature_cache))
     train_treeflash_pipeline(target, drafter, list(data), out, cfg, heldout=list(heldout), prompts=prompts,
                              budgets=budget_list, save_dtype=DTYPES[save_dtype], resume=resume, log=_log)
 
@@ -201,15 +215,16 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
 @click.option("--heldout", "heldout", multiple=True, help="Held-out stream (.pt) or text for the final comparison.")
 @guarded
 def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_label, prefix_len, steps, minutes,
-               batch, seq_len, anchors, lr, decay, heldout, resume, seed):
+               batch, seq_len, anchors, lr, decay, heldout, resume, feature_cache, seed):
     """Train Domino's GRU correction head on a DFlash drafter; writes Domino's published layout to OUT."""
-    from ..assets import shipped
     from .domino import DominoTrainConfig, train_domino_pipeline
 
     cfg = DominoTrainConfig(recipe=recipe, emb_dim=emb_dim, gru_hidden_dim=gru_dim, shift_label=shift_label,
                             pure_draft_prefix_len=prefix_len, batch=batch, seq_len=seq_len, anchors=anchors, lr=lr,
-                            max_steps=steps, max_seconds=_budget(minutes), decay=decay, seed=seed)
-    train_domino_pipeline(shipped(target, "target"), shipped(dflash_path, "drafter"), list(data), out, cfg, heldout=list(heldout), resume=resume, log=_log)
+                            max_steps=steps, max_seconds=_budget(minutes), decay=decay, seed=seed,
+                            feature_cache=_folder(feature_cache))
+    train_domino_pipeline(_shipped(target, "target"), _shipped(dflash_path, "drafter"), list(data), out, cfg,
+                          heldout=list(heldout), resume=resume, log=_log)
 
 
 @train.command("vp-drafter")
@@ -226,7 +241,7 @@ def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_l
 @click.option("--heldout-prompts", default=16, show_default=True)
 @guarded
 def vp_drafter_cmd(target, init, data, out, steps, minutes, batch, seq_len, anchors, lr, beta, gamma, heldout,
-                   heldout_prompts, resume, seed):
+                   heldout_prompts, resume, feature_cache, seed):
     """Train D2SD's variable-prefix drafter from a DFlash drafter; writes the DFlash layout (marked
     dflash_config.variable_prefix) to OUT."""
     from .vp_drafter import VPTrainConfig, vp_pipeline
@@ -234,5 +249,6 @@ def vp_drafter_cmd(target, init, data, out, steps, minutes, batch, seq_len, anch
     if not 0 < beta <= 1 or gamma <= 0:
         raise ValueError(f"--beta must be in (0, 1] and --gamma > 0, got {beta}, {gamma}")
     cfg = VPTrainConfig(batch=batch, seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
-                        max_seconds=_budget(minutes), beta=beta, gamma=gamma, seed=seed)
+                        max_seconds=_budget(minutes), beta=beta, gamma=gamma, seed=seed,
+                        feature_cache=_folder(feature_cache))
     vp_pipeline(target, init, list(data), out, cfg, list(heldout), heldout_prompts, resume, log=_log)

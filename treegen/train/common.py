@@ -42,6 +42,7 @@ class LoopConfig:
     gamma: float | None = None        # position-weight decay; None: by block size (7 for B=16)
     seed: int = 0
     ckpt_every: int = 50
+    feature_cache: str | None = None  # folder: the target's features of the data, computed once (features.py)
 
 
 @dataclass

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from ..models.checkpoint import save_dflash
 from ..models.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
-from .common import LoopConfig, Schedule, fit, random_windows
+from .common import LoopConfig, Schedule, fit
+from .features import training_windows
 
 GAMMA_BY_BLOCK = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -27,7 +28,6 @@ class DFlashTrainConfig(LoopConfig):
     target_layer_ids: tuple[int, ...] | None = None   # None: z-lab's default spread
     intermediate_size: int | None = None              # None: the target's
     init_from_target: bool = False                    # start each layer as a copy of one of the target's last
-    feature_cache: str | None = None                  # folder: the target's features computed once, reused
 
 
 def build_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig, seed: int = 0) -> DFlashDrafter:
@@ -130,12 +130,12 @@ def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torc
 
 
 def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, visible: torch.Tensor,
-               gamma: float):
+               gamma: float, features: torch.Tensor | None = None):
     """Every anchor's block holds real tokens at positions < visible [b, n] (1: the anchor only, DFlash)
     and MASK after; CE on positions k >= visible weighted exp(-(k - visible)/gamma), normalised per block.
     Also returns top-1 accuracy by offset after the visible prefix (offset 0 = the first masked position)."""
     (b, n), block = anchors.shape, drafter.config.block_size
-    hidden, tokens = block_pass(drafter, target, ids, anchors, visible=visible)
+    hidden, tokens = block_pass(drafter, target, ids, anchors, visible=visible, features=features)
     after = torch.arange(1, block) - visible[..., None]                        # [b, n, B-1]
     scored = after >= 0                                                         # only these reach lm_head
     logits = target.get_output_embeddings()(hidden[:, :, 1:][scored]).float()  # [m, V]
@@ -156,19 +156,6 @@ def freeze(target) -> None:
         p.requires_grad_(False)
 
 
-def training_windows(target, drafter: DFlashDrafter, stream: torch.Tensor, cfg: LoopConfig, log):
-    """gen -> (ids [b, T], features or None): random windows of the stream, with the target's features from
-    cfg.feature_cache when it names one (filled first; None: the loss runs the target on every batch)."""
-    folder = getattr(cfg, "feature_cache", None)
-    if folder is None:
-        return lambda g: (random_windows(stream, cfg.batch, cfg.seq_len, g), None)
-    from .features import FeatureWindows
-
-    c = drafter.config
-    windows = FeatureWindows(Path(folder), target, stream, cfg.seq_len, c.target_layer_ids, c.hidden_size, log)
-    return lambda g: windows(cfg.batch, g)
-
-
 def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: Path, cfg: DFlashTrainConfig,
                  resume: bool = False, log=print):
     """Train on random windows of a token stream; checkpoints to out_dir/train_state.pt, exports to out_dir."""
@@ -179,7 +166,7 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
 
-    windows = training_windows(target, drafter, stream, cfg, log)
+    windows = training_windows(target, drafter.config, stream, cfg, log)
 
     def step_loss(g):
         ids, features = windows(g)

@@ -18,9 +18,10 @@ from torch import nn
 
 from ..models.dflash import DFlashDrafter
 from ..models.domino import DominoHead, HeadConfig, save_domino
-from .common import LoopConfig, Schedule, fit, random_windows
+from .common import LoopConfig, Schedule, fit
 from .data import read_stream
 from .dflash import GAMMA_BY_BLOCK, block_pass, freeze, position_weights, sample_anchors, weighted_ce
+from .features import training_windows
 
 RECIPES = ("head", "joint")
 
@@ -47,12 +48,14 @@ def new_head(backbone: DFlashDrafter, cfg: DominoTrainConfig) -> DominoHead:
     return head
 
 
-def domino_loss(backbone, head: DominoHead, target, ids, anchors, gamma: float, lam: float, train_backbone: bool):
+def domino_loss(backbone, head: DominoHead, target, ids, anchors, gamma: float, lam: float, train_backbone: bool,
+                features: torch.Tensor | None = None):
     """(loss, top-1 accuracy of the corrected logits per draft position)."""
     hc, block = head.config, backbone.config.block_size
     drafts, first = hc.drafts(block), 0 if hc.shift_label else 1
     with torch.set_grad_enabled(train_backbone):
-        hidden, tokens = block_pass(backbone, target, ids, anchors, extra_labels=int(hc.shift_label))
+        hidden, tokens = block_pass(backbone, target, ids, anchors, extra_labels=int(hc.shift_label),
+                                    features=features)
     z, labels = hidden[:, :, first:first + drafts], tokens[..., 1:1 + drafts]      # [b, n, D, H], [b, n, D]
     base = target.get_output_embeddings()(z).float()
     prefix = target.get_input_embeddings()(tokens[..., :drafts])                     # anchor, y1 .. y_{D-1}
@@ -92,12 +95,13 @@ def train_domino(target, backbone: DFlashDrafter, head: DominoHead, stream: torc
     gen = torch.Generator().manual_seed(cfg.seed)
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=cfg.warmup)
     clock = Clock(ckpt if resume else None)
+    windows = training_windows(target, backbone.config, stream, cfg)
 
     def step_loss(g):
         lam = max(0.0, 1 - sched.progress(*clock.tick()) / cfg.decay) if joint else 0.0
-        ids = random_windows(stream, cfg.batch, cfg.seq_len, g)
+        ids, features = windows(g)
         anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block + int(hc.shift_label), g)
-        loss, acc = domino_loss(backbone, head, target, ids, anchors, gamma, lam, joint)
+        loss, acc = domino_loss(backbone, head, target, ids, anchors, gamma, lam, joint, features)
         return loss, cfg.batch * cfg.anchors * block, \
             f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f} lambda {lam:.2f}"
 

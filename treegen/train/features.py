@@ -116,3 +116,16 @@ class FeatureWindows:
         ids = torch.stack([self.stream[s:s + self.seq_len] for s in starts]).long()
         feats = np.stack([self.store.data[s:s + self.seq_len][:, self.cols] for s in starts])
         return ids, torch.from_numpy(feats).float()
+
+
+def training_windows(target, drafter_config, stream: torch.Tensor, cfg, log=print):
+    """gen -> (ids [b, T], features [b, T, k*H] or None) for every trainer: random windows of the stream, with
+    the target's features at the drafter's layers from cfg.feature_cache when it names a folder (None: the
+    loss runs the target on every batch)."""
+    from .common import random_windows
+
+    if cfg.feature_cache is None:
+        return lambda g: (random_windows(stream, cfg.batch, cfg.seq_len, g), None)
+    windows = FeatureWindows(Path(cfg.feature_cache), target, stream, cfg.seq_len, drafter_config.target_layer_ids,
+                             drafter_config.hidden_size, log)
+    return lambda g: windows(cfg.batch, g)

@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from ..models.treeflash import TreeFlashModel, save_treeflash
-from .common import LoopConfig, Schedule, fit, random_windows
+from .common import LoopConfig, Schedule, fit
 from .dflash import GAMMA_BY_BLOCK, block_pass, freeze, position_weights, sample_anchors, weighted_ce
+from .features import training_windows
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,12 @@ def target_pass(target, ids: torch.Tensor, layer_ids):
 
 
 def treeflash_loss(model: TreeFlashModel, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float,
-                   soft: float = 0.0):
-    """Position-weighted CE of the head's conditional at block positions 1..B-1, previous token teacher-forced."""
+                   soft: float = 0.0, features: torch.Tensor | None = None):
+    """Position-weighted CE of the head's conditional at block positions 1..B-1, previous token teacher-forced.
+    features: the target's cached context features (a soft target needs its logits: a forward all the same)."""
     backbone = model.model
-    features, target_logits = target_pass(target, ids, backbone.config.target_layer_ids)
+    if features is None or soft:
+        features, target_logits = target_pass(target, ids, backbone.config.target_layer_ids)
     with torch.no_grad():  # the backbone is frozen: only the head learns
         hidden, tokens = block_pass(backbone, target, ids, anchors, normed=False, features=features)
     prev = target.get_input_embeddings()(tokens[..., :-1])
@@ -68,10 +71,12 @@ def train_treeflash(target, model: TreeFlashModel, stream: torch.Tensor, out_dir
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
 
+    windows = training_windows(target, model.model.config, stream, cfg)
+
     def step_loss(g):
-        ids = random_windows(stream, cfg.batch, cfg.seq_len, g)
+        ids, features = windows(g)
         anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block, g)
-        loss, acc = treeflash_loss(model, target, ids, anchors, gamma, cfg.soft)
+        loss, acc = treeflash_loss(model, target, ids, anchors, gamma, cfg.soft, features)
         return loss, cfg.batch * cfg.anchors * block, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=25)

@@ -14,9 +14,10 @@ import torch
 from ..assets import shipped
 from ..models.dflash import DFlashDrafter
 from ..models.vp_drafter import mark_variable_prefix, save_vp_drafter
-from .common import LoopConfig, Schedule, fit, random_windows
+from .common import LoopConfig, Schedule, fit
 from .data import read_stream
 from .dflash import block_loss, freeze, sample_anchors
+from .features import training_windows
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,13 @@ def train_vp_drafter(target, drafter: DFlashDrafter, stream: torch.Tensor, out_d
     block = drafter.config.block_size
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
+    windows = training_windows(target, drafter.config, stream, cfg)
 
     def step_loss(g):
-        ids = random_windows(stream, cfg.batch, cfg.seq_len, g)
+        ids, features = windows(g)
         anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block, g)
         visible = sample_visible(cfg.batch, anchors.shape[1], block, cfg.beta, g)
-        loss, acc = block_loss(drafter, target, ids, anchors, visible, cfg.gamma)
+        loss, acc = block_loss(drafter, target, ids, anchors, visible, cfg.gamma, features=features)
         return loss, cfg.batch * cfg.anchors * block, f"acc@+0 {acc[0]:.2f} acc@+3 {acc[3]:.2f}"
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=cfg.warmup)
