@@ -37,13 +37,13 @@ def test_store_is_filled_once_resumed_and_read_by_column(tmp_path, monkeypatch):
     model = tiny_llama(layers=3)
     stream = torch.randint(3, 90, (200,), generator=torch.Generator().manual_seed(0)).to(torch.int32)
     windows = FeatureWindows(tmp_path, model, stream, 32, (0, 2), model.config.hidden_size, log=lambda m: None)
-    ids, feats = windows(4, torch.Generator().manual_seed(1))
-    assert ids.shape == (4, 32) and feats.shape == (4, 32, 2 * model.config.hidden_size)
+    ids, feats, allowed = windows(4, torch.Generator().manual_seed(1))
+    assert allowed is None and ids.shape == (4, 32) and feats.shape == (4, 32, 2 * model.config.hidden_size)
     torch.testing.assert_close(feats, target_features(model, ids, (0, 2)), atol=1e-2, rtol=1e-2)
 
     monkeypatch.setattr(features, "fill", lambda *a, **k: pytest.fail("a filled store is not computed again"))
     one = FeatureWindows(tmp_path, model, stream, 32, (2,), model.config.hidden_size, log=lambda m: None)
-    ids, feats = one(2, torch.Generator().manual_seed(1))
+    ids, feats, _ = one(2, torch.Generator().manual_seed(1))
     torch.testing.assert_close(feats, target_features(model, ids, (2,)), atol=1e-2, rtol=1e-2)
 
 
@@ -66,3 +66,26 @@ def test_training_prompts_are_distinct_and_never_a_benchmark_prompt():
     assert len(prompts) == 60 == len(set(prompts)) and prompts == build_prompts(60)
     bench = {p.text for name in ("chat", "prose", "stdlib-heldout", "thirdparty-code") for p in load_prompts(name)}
     assert not bench & set(prompts)
+
+
+def test_anchors_go_to_reply_positions_first(tmp_path):
+    import numpy as np
+
+    from treegen.train.chat_data import reply_start
+    from treegen.train.dflash import sample_anchors
+
+    header = [1, 7, 9]
+    conv = torch.tensor([1, 5, 5, 2, 1, 7, 9, 40, 41, 42, 2])
+    assert reply_start(conv, header) == 7 and reply_start(torch.tensor([3, 4]), header) == 2
+    model = tiny_llama(layers=2)
+    stream = torch.randint(3, 90, (128,), generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    store = FeatureStore.create(tmp_path, stream, (0,), model.config.hidden_size)
+    allowed = np.zeros(128, dtype=bool)
+    allowed[40:60] = True
+    store.write_anchors(allowed)
+    windows = FeatureWindows(tmp_path, model, stream, 64, (0,), model.config.hidden_size, log=lambda m: None)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        _, _, mask = windows(2, g)
+        anchors = sample_anchors(2, 64, 8, 4, g, mask)
+        assert all(mask[r, anchors[r]].all() for r in range(2) if mask[r].sum() >= 9)

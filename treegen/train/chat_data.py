@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 MAX_NEW = 256
@@ -230,9 +231,10 @@ def generate(target, tokenizer, prompts: list[str], out: Path, batch: int, log) 
             f"{time.perf_counter() - t0:.0f} s")
 
 
-def collect(out: Path, hidden: int) -> int:
+def collect(out: Path, hidden: int, header: list[int]) -> int:
     """stream.pt (every conversation's ids, concatenated) and beside it the feature store of the same tokens
-    (features.FeatureStore), from the saved parts; returns the number of tokens."""
+    (features.FeatureStore, with anchors preferred where the next token is a reply's: `header` is the chat
+    template's assistant header), from the saved parts; returns the number of tokens."""
     from .features import FeatureStore
 
     parts = sorted(out.glob("part-*.pt"))
@@ -241,12 +243,31 @@ def collect(out: Path, hidden: int) -> int:
     stream = torch.cat([ids for ids, _ in convs])
     torch.save(stream, out / "stream.pt")
     store = FeatureStore.create(out / "features", stream, loaded[0]["layer_ids"], hidden)
-    at = 0
+    allowed, at = np.zeros(len(stream), dtype=bool), 0
     for ids, feats in convs:
         store.data[at:at + len(ids)] = feats.numpy()
+        allowed[at + reply_start(ids, header) - 1:at + len(ids) - 1] = True   # the next token is the reply's
         at += len(ids)
     store.finish(len(stream))
+    store.write_anchors(allowed)
     return len(stream)
+
+
+def assistant_header(tokenizer) -> list[int]:
+    """The tokens the chat template adds where the assistant speaks next (SmolLM2: <|im_start|>assistant\\n)."""
+    messages = [{"role": "user", "content": "x"}]
+    bare = tokenizer.apply_chat_template(messages, tokenize=False)
+    full = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if not full.startswith(bare) or full == bare:
+        raise ValueError("the chat template adds no assistant header of its own; cannot find the replies")
+    return tokenizer(full[len(bare):], add_special_tokens=False)["input_ids"]
+
+
+def reply_start(ids: torch.Tensor, header: list[int]) -> int:
+    """Index of a conversation's first reply token: just after the (last) assistant header of its prompt."""
+    seq, n = ids.tolist(), len(header)
+    starts = [i + n for i in range(len(seq) - n + 1) if seq[i:i + n] == header]
+    return starts[-1] if starts else len(seq)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         saved.write_text(SEPARATOR.join(prompts), encoding="utf-8")
     log(f"{len(prompts)} prompts; generating replies in batches of {args.batch}")
     generate(target, tok, prompts, args.out, args.batch, log)
-    tokens = collect(args.out, target.config.hidden_size)
+    tokens = collect(args.out, target.config.hidden_size, assistant_header(tok))
     log(f"wrote {args.out / 'stream.pt'} and its target features: {tokens} tokens")
     return 0
 

@@ -70,9 +70,13 @@ def target_features(target, ids: torch.Tensor, layer_ids) -> torch.Tensor:
     return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
 
 
-def sample_anchors(batch: int, seq_len: int, n: int, block: int, gen: torch.Generator) -> torch.Tensor:
-    """[batch, n] distinct anchor positions in [1, seq_len - block]: context >= 1 token, labels in range."""
+def sample_anchors(batch: int, seq_len: int, n: int, block: int, gen: torch.Generator,
+                   allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """[batch, n] distinct anchor positions in [1, seq_len - block]: context >= 1 token, labels in range.
+    allowed [batch, seq_len] bool: positions taken first (a chat stream's replies: where drafting happens)."""
     scores = torch.rand(batch, seq_len - block, generator=gen)
+    if allowed is not None:
+        scores = scores + allowed[:, 1:seq_len - block + 1].float()
     return scores.topk(min(n, seq_len - block), dim=-1).indices.sort(dim=-1).values + 1
 
 
@@ -169,8 +173,8 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
     windows = training_windows(target, drafter.config, stream, cfg, log)
 
     def step_loss(g):
-        ids, features = windows(g)
-        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, cfg.block_size, g)
+        ids, features, allowed = windows(g)
+        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, cfg.block_size, g, allowed)
         loss, acc = dflash_loss(drafter, target, ids, anchors, gamma, features=features)
         return loss, cfg.batch * cfg.anchors * cfg.block_size, \
             f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"

@@ -99,8 +99,8 @@ def train_domino(target, backbone: DFlashDrafter, head: DominoHead, stream: torc
 
     def step_loss(g):
         lam = max(0.0, 1 - sched.progress(*clock.tick()) / cfg.decay) if joint else 0.0
-        ids, features = windows(g)
-        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block + int(hc.shift_label), g)
+        ids, features, allowed = windows(g)
+        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block + int(hc.shift_label), g, allowed)
         loss, acc = domino_loss(backbone, head, target, ids, anchors, gamma, lam, joint, features)
         return loss, cfg.batch * cfg.anchors * block, \
             f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f} lambda {lam:.2f}"

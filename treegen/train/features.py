@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-META, DATA = "meta.json", "features.f16"
+META, DATA, ANCHORS = "meta.json", "features.f16", "anchors.u8"
 
 
 def stream_digest(stream: torch.Tensor) -> str:
@@ -68,6 +68,16 @@ class FeatureStore:
     def done(self) -> int:
         return int(self.meta.get("done", 0))
 
+    def write_anchors(self, allowed: np.ndarray) -> None:
+        """Positions where anchors go first (a chat stream: those whose next token is a reply's), one byte each."""
+        allowed.astype(np.uint8).tofile(self.folder / ANCHORS)
+
+    def anchors(self) -> np.ndarray | None:
+        path = self.folder / ANCHORS
+        if not path.exists() or path.stat().st_size != self.meta["tokens"]:
+            return None
+        return np.fromfile(path, dtype=np.uint8).astype(bool)
+
     def columns(self, layer_ids) -> np.ndarray | None:
         """Column indices of `layer_ids`' states, in that order; None if the store lacks one of them."""
         if not set(layer_ids) <= set(self.layer_ids):
@@ -109,23 +119,26 @@ class FeatureWindows:
             log(f"computing the target's features of {self.windows * seq_len} tokens once into {folder}")
             fill(store, target, stream, seq_len, log=log)
         self.store, self.cols, self.stream = store, store.columns(layer_ids), stream
+        self.allowed = store.anchors()
 
-    def __call__(self, batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids [b, T] and their features [b, T, k*H] (fp32)."""
+    def __call__(self, batch: int, gen: torch.Generator):
+        """ids [b, T], their features [b, T, k*H] (fp32), and where anchors go first [b, T] (or None)."""
         starts = (torch.randint(0, self.windows, (batch,), generator=gen) * self.seq_len).tolist()
         ids = torch.stack([self.stream[s:s + self.seq_len] for s in starts]).long()
         feats = np.stack([self.store.data[s:s + self.seq_len][:, self.cols] for s in starts])
-        return ids, torch.from_numpy(feats).float()
+        allowed = None if self.allowed is None else \
+            torch.from_numpy(np.stack([self.allowed[s:s + self.seq_len] for s in starts]))
+        return ids, torch.from_numpy(feats).float(), allowed
 
 
 def training_windows(target, drafter_config, stream: torch.Tensor, cfg, log=print):
-    """gen -> (ids [b, T], features [b, T, k*H] or None) for every trainer: random windows of the stream, with
-    the target's features at the drafter's layers from cfg.feature_cache when it names a folder (None: the
-    loss runs the target on every batch)."""
+    """gen -> (ids [b, T], features [b, T, k*H] or None, anchor preference [b, T] or None) for every trainer:
+    random windows of the stream, with the target's features at the drafter's layers from cfg.feature_cache
+    when it names a folder (None: the loss runs the target on every batch)."""
     from .common import random_windows
 
     if cfg.feature_cache is None:
-        return lambda g: (random_windows(stream, cfg.batch, cfg.seq_len, g), None)
+        return lambda g: (random_windows(stream, cfg.batch, cfg.seq_len, g), None, None)
     windows = FeatureWindows(Path(cfg.feature_cache), target, stream, cfg.seq_len, drafter_config.target_layer_ids,
                              drafter_config.hidden_size, log)
     return lambda g: windows(cfg.batch, g)

@@ -74,8 +74,8 @@ def train_treeflash(target, model: TreeFlashModel, stream: torch.Tensor, out_dir
     windows = training_windows(target, model.model.config, stream, cfg)
 
     def step_loss(g):
-        ids, features = windows(g)
-        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block, g)
+        ids, features, allowed = windows(g)
+        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block, g, allowed)
         loss, acc = treeflash_loss(model, target, ids, anchors, gamma, cfg.soft, features)
         return loss, cfg.batch * cfg.anchors * block, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
 

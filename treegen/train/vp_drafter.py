@@ -55,8 +55,8 @@ def train_vp_drafter(target, drafter: DFlashDrafter, stream: torch.Tensor, out_d
     windows = training_windows(target, drafter.config, stream, cfg)
 
     def step_loss(g):
-        ids, features = windows(g)
-        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block, g)
+        ids, features, allowed = windows(g)
+        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block, g, allowed)
         visible = sample_visible(cfg.batch, anchors.shape[1], block, cfg.beta, g)
         loss, acc = block_loss(drafter, target, ids, anchors, visible, cfg.gamma, features=features)
         return loss, cfg.batch * cfg.anchors * block, f"acc@+0 {acc[0]:.2f} acc@+3 {acc[3]:.2f}"
