@@ -82,13 +82,14 @@ class Generator:
     attn_implementation: str = DEFAULT_ATTN
 
     def __post_init__(self):
-        from .assets import DEMO_DRAFTER, DEMO_TARGET, best_method, demo_drafter_for
+        from .assets import DEMO_TARGET, best_method, pair_drafter_for, pair_of_target
 
-        if self.target is None:
-            self.target = str(DEMO_TARGET)
+        pair = pair_of_target(self.target)
+        if pair is not None:   # a shipped pair: the drafter of the method's choice comes with it
+            self.target = self.target or str(DEMO_TARGET)
             if self.method == "auto":
-                self.method = best_method(self.drafter or (str(DEMO_DRAFTER) if DEMO_DRAFTER.exists() else None))
-            shipped = demo_drafter_for(self.method)
+                self.method = best_method(self.drafter or pair_drafter_for(pair, "dflash"))
+            shipped = pair_drafter_for(pair, self.method)
             self.drafter = self.drafter or (str(shipped) if shipped else None)
         if self.method == "auto":
             self.method = best_method(self.drafter)

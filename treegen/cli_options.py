@@ -271,7 +271,7 @@ def checked_config(kw: dict) -> presets_mod.Preset:
 
 def check_runnable(cfg: presets_mod.Preset) -> None:
     """What can be checked before the (slow) model load: sources, method and options, sampling values."""
-    from .assets import DEMO_TARGET
+    from .assets import DEMO_TARGET, pair_drafter_for, pair_of_target
     from .drafters import check_options, get_method
 
     if cfg.target is None and not DEMO_TARGET.exists():
@@ -284,7 +284,8 @@ def check_runnable(cfg: presets_mod.Preset) -> None:
     if cfg.method not in (None, "auto"):
         method = get_method(cfg.method)
         check_options(method, dict(cfg.method_options))
-        if method.needs_drafter and cfg.drafter is None and cfg.target is not None:  # (the demo target has one)
+        if method.needs_drafter and cfg.drafter is None and not pair_drafter_for(pair_of_target(cfg.target),
+                                                                                  cfg.method):
             raise OptionError(f"method {cfg.method!r} needs a drafter checkpoint (--drafter PATH)")
     check_sampling(cfg.sampling.given())
 

@@ -70,10 +70,20 @@ CHECKPOINTS = {"treeflash": "treeflash", "domino": "domino", "dartree": "domino"
 DEMO_CHECKPOINTS = CHECKPOINTS
 
 
-def pair_drafter_for(pair: str, method: str | None) -> Path | None:
+def pair_drafter_for(pair: str | None, method: str | None) -> Path | None:
     """The checkpoint shipped in a pair's folder that `method` runs with by default, when it is installed."""
+    if pair not in PAIRS:
+        return None
     path = ASSETS / pair / CHECKPOINTS.get(method or "", "dflash")
     return path if path.exists() else None
+
+
+def pair_of_target(target: str | None) -> str | None:
+    """The shipped pair a target belongs to (None: the demo target), or None for any other target."""
+    if target is None or Path(target) == DEMO_TARGET:
+        return "demo"
+    gguf = smollm2_gguf()
+    return SMOLLM2 if gguf is not None and Path(target).expanduser().resolve() == gguf.resolve() else None
 
 
 def demo_drafter_for(method: str | None) -> Path | None:
