@@ -118,7 +118,10 @@ class ChatREPL:
         if not self.format.native and not self.quiet:
             self.say(FALLBACK_NOTICE)
         if not self.quiet:
-            self.say(f"treegen chat: {self.gen.method} on {self.gen.target}. /help for commands, Ctrl-D to exit.")
+            from .assets import target_label
+
+            self.say(f"treegen chat: {self.gen.method} on {target_label(self.gen.target)}. /help for commands, "
+                     f"Ctrl-D to exit.")
         while True:
             line = self.read_message()
             if line is None:
