@@ -26,6 +26,13 @@ def _shipped(value: str, kind: str) -> str:
         raise click.UsageError(str(err)) from None
 
 
+def _set_threads(ctx, param, value: int | None) -> None:
+    if value is not None:
+        import torch
+
+        torch.set_num_threads(value)
+
+
 def _folder(path: Path | None) -> str | None:
     return str(path) if path else None
 
@@ -57,7 +64,9 @@ def loop_options(lr: float = 1e-3):
         click.option("--feature-cache", type=click.Path(path_type=Path, file_okay=False), default=None,
                      help="Folder of the target's features of the data, computed once (resumable) and read by "
                           "every step, for targets whose forward is most of a step (chat_data writes one)."),
-        click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)]
+        click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True),
+        click.option("--threads", type=POSITIVE, default=None, expose_value=False, callback=_set_threads,
+                     help="CPU threads for torch (default: torch's; fewer on a machine shared with other work).")]
 
     def wrap(f):
         for option in reversed(shared):
