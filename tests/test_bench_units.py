@@ -59,6 +59,8 @@ def test_built_in_sets():
     assert 16 <= len(code) <= 24 and {p.category for p in code} == {"function", "class", "module"}
     assert 12 <= len(chat) <= 16 and {p.category for p in chat} == {"math", "writing", "reasoning"}
     assert len({p.category for p in code[:3]}) == 3   # kinds interleaved: --limit keeps a mix
+    code_chat = P.load_prompts("code-chat")
+    assert len(code_chat) == 14 and [p.category for p in code_chat[:3]] == ["write", "explain", "fix"]
     assert all(P.MIN_CHARS <= len(p.text) <= P.MAX_CHARS for p in code)
 
 
@@ -179,7 +181,8 @@ def test_identity_per_category_and_null_when_sampling():
 
 def test_prompts_of_the_package_are_shipped():
     assert {p.name for p in Path(P.BUILTIN_DIR).glob("*.jsonl")} == {"chat.jsonl", "stdlib-heldout.jsonl",
-                                                                      "thirdparty-code.jsonl", "prose.jsonl"}
+                                                                      "thirdparty-code.jsonl", "prose.jsonl",
+                                                                      "code-chat.jsonl"}
 
 
 def test_chat_prompts_go_through_the_chat_template_and_plain_ones_do_not():

@@ -64,7 +64,9 @@ def test_training_prompts_are_distinct_and_never_a_benchmark_prompt():
 
     prompts = build_prompts(60)
     assert len(prompts) == 60 == len(set(prompts)) and prompts == build_prompts(60)
-    bench = {p.text for name in ("chat", "prose", "stdlib-heldout", "thirdparty-code") for p in load_prompts(name)}
+    from treegen.bench.prompts import builtin_names
+
+    bench = {p.text for name in builtin_names() for p in load_prompts(name)}
     assert not bench & set(prompts)
 
 

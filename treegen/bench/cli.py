@@ -37,10 +37,11 @@ treegen bench --target Qwen/Qwen3-8B --methods ar,pld --prompts chat --temperatu
                    "baseline is added when missing.")
 @click.option("--prompts", metavar="FILE|NAME",
               help=f"A .jsonl file ({{\"prompt\", \"id\", \"category\"}} a line), a text file of prompts "
-                   f"separated by blank lines, or a built-in set: {DEFAULT_PROMPTS} (code, the default), chat.")
+                   f"separated by blank lines, or a built-in set: {DEFAULT_PROMPTS} (code, the default), "
+                   f"thirdparty-code, prose, chat, code-chat.")
 @click.option("--chat/--plain", "chat", default=None,
               help="Send each prompt as a user message in the target's chat template (--chat) or as plain text "
-                   "to continue (--plain). Default: --chat for the built-in chat set, --plain otherwise.")
+                   "to continue (--plain). Default: --chat for the built-in chat and code-chat sets, --plain otherwise.")
 @click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), metavar="N",
               help="Most new tokens per generation (default: the API's).")
 @click.option("--temperature", "--temp", "temperature", type=SpecType(SAMPLING["temperature"]), metavar="T",

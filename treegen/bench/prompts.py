@@ -4,7 +4,8 @@ JSONL: one object a line, {"prompt": "...", "id": "...", "category": "..."}; onl
 Built-in sets live in treegen/bench/prompts/NAME.jsonl; `python -m treegen.bench.prompts [NAME]` rebuilds
 them (the files are committed, so runs need no corpus): stdlib-heldout from the held-out split of the demo
 corpus; thirdparty-code and prose from installed packages that no shipped model trained on (their code, and
-the prose of their package descriptions), so acceptance is measured off the training distribution too.
+the prose of their package descriptions), so acceptance is measured off the training distribution too; chat
+(math, writing, reasoning) and code-chat (write, explain, fix code) are hand-written requests to a chat model.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "prompts"
 DEFAULT_PROMPTS = "stdlib-heldout"
+CHAT_SETS = ("chat", "code-chat")   # built-in sets written as requests to a chat model (bench --chat by default)
 DEFAULT_CATEGORY = "default"
 BLANK_LINES = re.compile(r"\n(?:[ \t]*\n)+")
 

@@ -34,8 +34,10 @@ def run_bench(kw: dict, command: str) -> None:
 
 
 def chat_prompts(kw: dict) -> bool:
-    """--chat / --plain as given; otherwise chat messages for the built-in chat set only."""
-    return kw["chat"] if kw.get("chat") is not None else kw["prompts"] == "chat"
+    """--chat / --plain as given; otherwise chat messages for the built-in chat sets only."""
+    from .prompts import CHAT_SETS
+
+    return kw["chat"] if kw.get("chat") is not None else kw["prompts"] in CHAT_SETS
 
 
 def check_dest(flag: str, dest: str | None) -> None:
