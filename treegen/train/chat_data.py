@@ -277,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=2400, help="conversations to generate")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--collect-only", action="store_true",
+                        help="write stream.pt and the feature store from the batches saved so far, generate nothing")
     args = parser.parse_args(argv)
     from ..assets import shipped
     from ..loading import load_target
@@ -288,6 +290,16 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.collect_only:
+        from transformers import AutoConfig, AutoTokenizer
+
+        from ..loading import gguf_converted
+
+        folder = gguf_converted(shipped(args.target, "target"))
+        tok = AutoTokenizer.from_pretrained(folder)
+        tokens = collect(args.out, AutoConfig.from_pretrained(folder).hidden_size, assistant_header(tok))
+        log(f"wrote {args.out / 'stream.pt'} and its target features: {tokens} tokens")
+        return 0
     target, tok = load_target(shipped(args.target, "target"), dtype="fp32", device="cpu")
     saved = args.out / "prompts.txt"
     if saved.exists():   # a rerun resumes with the prompts its saved parts answered
