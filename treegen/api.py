@@ -67,6 +67,15 @@ class StreamDecoder:
         return full[len(done):]
 
 
+def pair_default(pair: str) -> tuple[str, dict]:
+    """(method, options) of a shipped pair's default preset: its fastest installed method, as the CLI's."""
+    from . import presets
+    from .assets import default_preset
+
+    preset = presets.load(default_preset(pair))
+    return preset.method, dict(preset.method_options)
+
+
 @dataclass
 class Generator:
     """A loaded target (+ tokenizer) and a drafting method, ready to generate."""
@@ -87,8 +96,9 @@ class Generator:
         pair = pair_of_target(self.target)
         if pair is not None:   # a shipped pair: the drafter of the method's choice comes with it
             self.target = self.target or str(DEMO_TARGET)
-            if self.method == "auto":
-                self.method = best_method(self.drafter or pair_drafter_for(pair, "dflash"))
+            if self.method == "auto" and not self.drafter:
+                self.method, options = pair_default(pair)
+                self.method_options = self.method_options or options
             shipped = pair_drafter_for(pair, self.method)
             self.drafter = self.drafter or (str(shipped) if shipped else None)
         if self.method == "auto":

@@ -326,14 +326,15 @@ def notice(text: str, quiet: bool) -> None:
 
 def with_default_pair(kw: dict) -> dict:
     """No --preset, --target nor --drafter: the default pair (assets.default_pair). SmolLM2 runs as its preset
-    smollm2-METHOD (--method's, else the best shipped); the demo pair says how to install SmolLM2."""
-    from .assets import PAIR_ENV, SMOLLM2, SMOLLM2_INSTALL, default_pair, smollm2_best
+    smollm2-METHOD (--method's, else its fastest installed, as the API's default); the demo pair says how to
+    install SmolLM2."""
+    from .assets import PAIR_ENV, SMOLLM2, SMOLLM2_INSTALL, default_pair, default_preset
 
     if kw.get("preset") or kw.get("target") or kw.get("drafter"):
         return kw
     if default_pair() == SMOLLM2:
-        wanted = f"smollm2-{kw.get('method') or smollm2_best()}"
-        return {**kw, "preset": wanted if wanted in presets_mod.available() else f"smollm2-{smollm2_best()}"}
+        wanted = f"smollm2-{kw.get('method')}"
+        return {**kw, "preset": wanted if wanted in presets_mod.available() else default_preset(SMOLLM2)}
     if not os.environ.get(PAIR_ENV):
         notice(f"using the tiny demo model (it knows Python's stdlib, little else); for a real chat model: "
                f"{SMOLLM2_INSTALL}", kw.get("quiet", False))

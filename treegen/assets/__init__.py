@@ -103,9 +103,10 @@ def best_method(drafter: str | None) -> str:
     return "ddtree" if drafter else "pld"
 
 
-# SmolLM2's methods by measured speed on a CPU (docs/benchmarks.md), the best one with its checkpoint first;
-# without a drafter, plain decoding (prompt lookup is slower than ar on chat: 1.10 tokens a round)
-SMOLLM2_BEST = ("treeflash", "dartree", "ddtree", "ar")
+# Each pair's presets, fastest first as measured on a 2-core CPU (docs/benchmarks.md): the default method is the
+# first whose checkpoints are installed. (On SmolLM2, prompt lookup is slower than ar on chat: 1.10 a round.)
+PAIR_PRESETS = {"demo": ("treeflash-auto", "ddtree", "pld"),
+                SMOLLM2: ("smollm2-treeflash", "smollm2-dartree", "smollm2-ddtree", "smollm2-ar")}
 PAIR_ENV = "TREEGEN_PAIR"   # demo or smollm2: the pair chat and complete use when no --target/--preset is given
 
 
@@ -119,6 +120,15 @@ def default_pair() -> str:
     return SMOLLM2 if smollm2_gguf() is not None else "demo"
 
 
-def smollm2_best() -> str:
-    """The best SmolLM2 method whose checkpoint is shipped (ar needs none)."""
-    return next(m for m in SMOLLM2_BEST if m == "ar" or pair_drafter_for(SMOLLM2, m) is not None)
+def default_preset(pair: str) -> str:
+    """The pair's fastest preset whose drafter is installed (the last of PAIR_PRESETS needs none)."""
+    from ..presets import PresetError, load
+
+    for name in PAIR_PRESETS[pair]:
+        try:
+            preset = load(name)
+        except PresetError:   # not shipped (yet), or its checkpoint is missing
+            continue
+        if preset.drafter is None or Path(preset.drafter).exists():
+            return name
+    return PAIR_PRESETS[pair][-1]
