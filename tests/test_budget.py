@@ -159,7 +159,7 @@ def test_rests_only_when_sampling(pair):
     for sampler in (Sampler(), Sampler(temperature=1.0)):
         drafter = build_drafter("ddtree", target, drafter_dir, {"budget": 32})
         propose = drafter.propose
-        drafter.propose = lambda state, f=propose: calls.append(sampler.greedy) or f(state)
+        drafter.propose = lambda state, f=propose, s=sampler: calls.append(s.greedy) or f(state)
         rounds = list(generate(target, drafter, prompt, GenerationConfig(40, sampler=sampler, seed=1, verify_cost=slow)))
         assert sum(len(r.tokens) for r in rounds) == 40
         if sampler.greedy:
