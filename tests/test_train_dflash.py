@@ -76,3 +76,21 @@ def test_training_raises_heldout_acceptance(tiny_model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     cfg = json.loads((cont / "config.json").read_text())
     assert cfg["block_size"] == 8 and cfg["num_hidden_layers"] == 1
+
+
+def test_candidate_loss_is_the_full_loss_when_it_covers_the_vocabulary_and_renumbers_labels():
+    import torch.nn.functional as F
+    from conftest import tiny_qwen3
+
+    from treegen.train.dflash import candidate_logits, frequent_tokens
+
+    target = tiny_qwen3()
+    hidden, labels = torch.randn(2, 3, 32), torch.tensor([[5, 7, 5], [90, 1, 7]])
+    full, same = candidate_logits(target, hidden, labels, None)
+    every, renumbered = candidate_logits(target, hidden, labels, torch.arange(96))
+    torch.testing.assert_close(F.cross_entropy(every.flatten(0, 1), renumbered.flatten()),
+                               F.cross_entropy(full.flatten(0, 1), same.flatten()))
+    few, ids = candidate_logits(target, hidden, labels, torch.tensor([3, 5]))   # subset {1, 3, 5, 7, 90}
+    assert few.shape[-1] == 5 and ids.tolist() == [[2, 3, 2], [4, 0, 3]]
+    torch.testing.assert_close(few[..., 2], full[..., 5])
+    assert frequent_tokens(torch.tensor([4, 4, 4, 9, 9, 2]), 2).tolist() == [4, 9]

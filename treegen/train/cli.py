@@ -86,6 +86,9 @@ def loop_options(lr: float = 1e-3):
 @click.option("--mask-token-id", type=click.IntRange(min=0), default=None, help="Default: the tokenizer's mask token.")
 @click.option("--init", default=None, help="Continue training this DFlash drafter (folder, hub id, demo or "
               "demo/NAME); its own shape replaces --layers, --block-size, --target-layers, --mask-token-id.")
+@click.option("--candidates", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Score only the data's K most frequent tokens (and each batch's labels) in the loss: a cheaper "
+                   "lm_head for large vocabularies; finish with a run without it (0 = the whole vocabulary).")
 @click.option("--init-from-target", is_flag=True,
               help="Start the drafter's layers as copies of the target's last layers (same shapes).")
 @loop_options(lr=1e-3)
@@ -93,8 +96,8 @@ def loop_options(lr: float = 1e-3):
               help="Train on N target-regenerated sequences.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out text for the final acceptance estimate.")
 @guarded
-def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, init, init_from_target,
-               steps, minutes, batch, seq_len, anchors, lr, regen, heldout, resume, feature_cache, seed):
+def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, init, candidates,
+               init_from_target, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, resume, feature_cache, seed):
     """Train a DFlash block-diffusion drafter for TARGET; writes z-lab's checkpoint layout to OUT.
 
     Ctrl-C or SIGTERM stops at the end of the current step, with a checkpoint that --resume continues."""
@@ -111,6 +114,7 @@ def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_
     cfg = DFlashTrainConfig(num_layers=layers, block_size=block_size, target_layer_ids=ids, batch=batch,
                             seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
                             max_seconds=_budget(minutes), seed=seed, init_from_target=init_from_target,
+                            candidates=candidates,
                             feature_cache=_folder(feature_cache))
     with stop_signals(), new_folder(out):
         train_dflash_pipeline(target, list(data), out, cfg, mask_token_id=mask_token_id, regen=regen,

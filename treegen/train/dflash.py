@@ -28,6 +28,7 @@ class DFlashTrainConfig(LoopConfig):
     target_layer_ids: tuple[int, ...] | None = None   # None: z-lab's default spread
     intermediate_size: int | None = None              # None: the target's
     init_from_target: bool = False                    # start each layer as a copy of one of the target's last
+    candidates: int = 0                               # > 0: CE over the data's most frequent tokens + labels
 
 
 def build_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig, seed: int = 0) -> DFlashDrafter:
@@ -122,12 +123,29 @@ def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tenso
     return (ce * weights).sum(-1).mean() / weights.sum()
 
 
+def candidate_logits(target, hidden: torch.Tensor, labels: torch.Tensor, candidates: torch.Tensor | None):
+    """(logits, labels) over the whole vocabulary, or (candidates given) over those token ids plus every label
+    of the batch, the labels renumbered into that subset: an lm_head of |subset| rows instead of V."""
+    head = target.get_output_embeddings()
+    if candidates is None:
+        return head(hidden).float(), labels
+    subset = torch.unique(torch.cat([candidates, labels.flatten()]))          # sorted
+    logits = F.linear(hidden, head.weight[subset], None if head.bias is None else head.bias[subset]).float()
+    return logits, torch.searchsorted(subset, labels.contiguous())
+
+
+def frequent_tokens(stream: torch.Tensor, k: int) -> torch.Tensor:
+    """The k most frequent token ids of a stream (the candidate vocabulary of a cheaper loss)."""
+    counts = torch.bincount(stream.long())
+    return counts.topk(min(k, int((counts > 0).sum()))).indices.sort().values
+
+
 def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float,
-                features: torch.Tensor | None = None):
-    """Position-weighted CE over every anchor's block; also returns top-1 accuracy per block position."""
+                features: torch.Tensor | None = None, candidates: torch.Tensor | None = None):
+    """Position-weighted CE over every anchor's block (over `candidates` + the labels only, when given);
+    also returns top-1 accuracy per block position (within that subset)."""
     hidden, tokens = block_pass(drafter, target, ids, anchors, features=features)
-    logits = target.get_output_embeddings()(hidden[:, :, 1:]).float()         # [b, n, B-1, V]
-    labels = tokens[..., 1:]
+    logits, labels = candidate_logits(target, hidden[:, :, 1:], tokens[..., 1:], candidates)  # [b, n, B-1, V']
     loss = weighted_ce(logits, labels, position_weights(labels.shape[-1], gamma))
     acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
     return loss, acc
@@ -171,11 +189,12 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
     gen = torch.Generator().manual_seed(cfg.seed)
 
     windows = training_windows(target, drafter.config, stream, cfg, log)
+    candidates = frequent_tokens(stream, cfg.candidates) if cfg.candidates else None
 
     def step_loss(g):
         ids, features, allowed = windows(g)
         anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, cfg.block_size, g, allowed)
-        loss, acc = dflash_loss(drafter, target, ids, anchors, gamma, features=features)
+        loss, acc = dflash_loss(drafter, target, ids, anchors, gamma, features=features, candidates=candidates)
         return loss, cfg.batch * cfg.anchors * cfg.block_size, \
             f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
 
