@@ -225,11 +225,11 @@ def test_sampling_matches_target_distribution(tmp_path):
 def test_shipped_demo_head_is_exact_and_drafts_well(method, options):
     from test_demo_pair import PROMPTS
 
-    from treegen.assets import demo_asset
+    from treegen.assets import pair_asset
     from treegen.loading import eos_ids, load_target
 
-    model, tok = load_target(str(demo_asset("demo/target")), dtype="fp32", device="cpu")
-    drafter = build_drafter(method, model, str(demo_asset("demo/domino")), options)
+    model, tok = load_target(str(pair_asset("demo/target")), dtype="fp32", device="cpu")
+    drafter = build_drafter(method, model, str(pair_asset("demo/domino")), options)
     tokens = rounds = 0
     for text in PROMPTS:
         prompt = torch.tensor(tok(text)["input_ids"])

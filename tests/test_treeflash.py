@@ -305,11 +305,11 @@ def test_ddtree_runs_on_a_treeflash_checkpoints_backbone(target, tf_dir):
 def test_shipped_demo_head_is_exact_and_keeps_the_demo_backbone():
     from test_demo_pair import PROMPTS
 
-    from treegen.assets import DEMO_DRAFTER, DEMO_TARGET, demo_asset
+    from treegen.assets import DEMO_DRAFTER, DEMO_TARGET, pair_asset
     from treegen.loading import eos_ids, load_target
     from treegen.models.checkpoint import load_dflash
 
-    folder = demo_asset("demo/treeflash")
+    folder = pair_asset("demo/treeflash")
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["treeflash_config"]["ar_approximation"] == "swiglu" and cfg["dtype"] == "float16"
     shipped, demo = load_treeflash(str(folder), torch.float16), load_dflash(str(DEMO_DRAFTER), torch.float16)

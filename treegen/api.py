@@ -69,10 +69,9 @@ class StreamDecoder:
 
 def pair_default(pair: str) -> tuple[str, dict]:
     """(method, options) of a shipped pair's default preset: its fastest installed method, as the CLI's."""
-    from . import presets
     from .assets import default_preset
 
-    preset = presets.load(default_preset(pair))
+    preset = default_preset(pair)
     return preset.method, dict(preset.method_options)
 
 

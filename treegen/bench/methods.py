@@ -78,9 +78,9 @@ def resolve_one(name: str, target: str | None, drafter: str | None) -> MethodSpe
 
 def demo_drafter(target: str | None, method: str | None = None) -> str | None:
     """On the demo target, the shipped checkpoint the method reads (the DFlash drafter for most), if installed."""
-    from ..assets import demo_drafter_for
+    from ..assets import pair_drafter_for
 
-    shipped = demo_drafter_for(method)
+    shipped = pair_drafter_for("demo", method)
     return str(shipped) if target is None and shipped is not None else None
 
 

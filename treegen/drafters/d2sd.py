@@ -174,10 +174,10 @@ def build_d2sd(target, drafter_path: str, vp_drafter: str | None, k: int, b2: in
 def resolve_vp(drafter_path: str, vp_drafter: str | None) -> str:
     """vp_drafter as given (demo/NAME: a shipped checkpoint); unset: the shipped VP-drafter with the shipped
     DFlash drafter, else the DFlash drafter itself (no VP-drafters are published)."""
-    from ..assets import DEMO_DRAFTER, demo_asset
+    from ..assets import DEMO_DRAFTER, pair_asset
 
     if vp_drafter:
-        return str(demo_asset(vp_drafter) or vp_drafter)
+        return str(pair_asset(vp_drafter) or vp_drafter)
     shipped = DEMO_DRAFTER.parent / "vp-drafter"
     if Path(drafter_path).resolve() == DEMO_DRAFTER.resolve() and shipped.exists():
         return str(shipped)

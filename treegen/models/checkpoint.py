@@ -59,12 +59,12 @@ def config_to_json(c: DFlashConfig) -> dict:
 def resolve_checkpoint(name: str) -> Path:
     """A local folder, a shipped demo checkpoint (`demo/NAME`), or a hub id fetched into the local cache
     (fails cleanly when offline)."""
-    from ..assets import demo_asset
+    from ..assets import pair_asset
 
-    path = demo_asset(name) or Path(name).expanduser()
+    path = pair_asset(name) or Path(name).expanduser()
     if path.exists():
         return path
-    if demo_asset(name) is not None:
+    if pair_asset(name) is not None:
         raise CheckpointError(f"{name}: no such shipped demo checkpoint ({path.parent} has none by that name)")
     if name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise CheckpointError(f"{name}: no such drafter folder")

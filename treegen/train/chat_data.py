@@ -290,26 +290,25 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.collect_only:
+    if args.collect_only:   # the tokenizer and the width are all collect needs: no model load
         from transformers import AutoConfig, AutoTokenizer
 
         from ..loading import gguf_converted
 
         folder = gguf_converted(shipped(args.target, "target"))
-        tok = AutoTokenizer.from_pretrained(folder)
-        tokens = collect(args.out, AutoConfig.from_pretrained(folder).hidden_size, assistant_header(tok))
-        log(f"wrote {args.out / 'stream.pt'} and its target features: {tokens} tokens")
-        return 0
-    target, tok = load_target(shipped(args.target, "target"), dtype="fp32", device="cpu")
-    saved = args.out / "prompts.txt"
-    if saved.exists():   # a rerun resumes with the prompts its saved parts answered
-        prompts = saved.read_text(encoding="utf-8").split(SEPARATOR)
+        tok, hidden = AutoTokenizer.from_pretrained(folder), AutoConfig.from_pretrained(folder).hidden_size
     else:
-        prompts = build_prompts(args.rows)
-        saved.write_text(SEPARATOR.join(prompts), encoding="utf-8")
-    log(f"{len(prompts)} prompts; generating replies in batches of {args.batch}")
-    generate(target, tok, prompts, args.out, args.batch, log)
-    tokens = collect(args.out, target.config.hidden_size, assistant_header(tok))
+        target, tok = load_target(shipped(args.target, "target"), dtype="fp32", device="cpu")
+        hidden = target.config.hidden_size
+        saved = args.out / "prompts.txt"
+        if saved.exists():   # a rerun resumes with the prompts its saved parts answered
+            prompts = saved.read_text(encoding="utf-8").split(SEPARATOR)
+        else:
+            prompts = build_prompts(args.rows)
+            saved.write_text(SEPARATOR.join(prompts), encoding="utf-8")
+        log(f"{len(prompts)} prompts; generating replies in batches of {args.batch}")
+        generate(target, tok, prompts, args.out, args.batch, log)
+    tokens = collect(args.out, hidden, assistant_header(tok))
     log(f"wrote {args.out / 'stream.pt'} and its target features: {tokens} tokens")
     return 0
 
