@@ -66,3 +66,18 @@ def test_presets_list_names_each_pair(monkeypatch):
     lines = {line.split()[0]: line for line in out.splitlines()}
     assert lines["ddtree"].split()[1] == "demo" and "smollm2 (not installed)" in lines["smollm2-ar"]
     assert lines["qwen3-8b-dflash"].split()[1] == "Qwen/Qwen3-8B"
+
+
+def test_bench_takes_pair_names_and_brings_the_pair_drafter(tmp_path, monkeypatch):
+    from treegen.bench.cli import shipped_names
+    from treegen.bench.methods import pair_drafter
+
+    fake = tmp_path / assets.SMOLLM2_FILE
+    fake.write_bytes(b"GGUF")
+    monkeypatch.setattr(assets, "smollm2_gguf", lambda: fake)
+    kw = shipped_names({"target": "smollm2", "drafter": "demo"})
+    assert kw["target"] == str(fake) and kw["drafter"] == str(assets.DEMO_DRAFTER)
+    assert pair_drafter(None, "treeflash") == str(assets.ASSETS / "demo" / "treeflash")
+    shipped = assets.pair_drafter_for("smollm2", "dflash")
+    assert pair_drafter(str(fake), "dflash") == (str(shipped) if shipped else None)
+    assert pair_drafter("Qwen/Qwen3-8B", "dflash") is None

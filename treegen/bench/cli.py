@@ -52,10 +52,11 @@ treegen bench --target Qwen/Qwen3-8B --methods ar,pld --prompts chat --temperatu
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=DEFAULT_SEED, show_default=True, metavar="S",
               help="Base seed when sampling (prompt i of repeat r gets seed+r*prompts+i, for every method).")
 @click.option("--target", metavar="HUB_ID|PATH",
-              help="Target model: hub id or folder (default: the shipped demo target); overrides the presets' too.")
-@click.option("--drafter", metavar="PATH",
-              help="DFlash drafter for dflash/ddtree (default on the demo target: the demo drafter); overrides "
+              help="Target model: hub id, folder, .gguf, demo or smollm2 (default: the shipped demo target); overrides "
                    "the presets' too.")
+@click.option("--drafter", metavar="PATH",
+              help="Drafter checkpoint for the methods that need one (default on a shipped pair's target: the "
+                   "checkpoint it ships for each method); overrides the presets' too.")
 @click.option("--hf-assistant", metavar="PATH",
               help="An autoregressive draft model for the hf-assisted peer (transformers assisted generation).")
 @click.option("--peers/--no-peers", default=True, show_default=True,
@@ -78,11 +79,22 @@ def bench(ctx, debug, **kw):
         raise click.UsageError("--hf-assistant is a peer: drop --no-peers", ctx=ctx)
     check_output_path(kw["json_path"], "--json")    # before the run, not after it
     check_output_path(kw["plot_path"], "--plot")
+    kw = shipped_names(kw)
     check_inputs(kw)
     with failures(debug):
         from .session import run_bench
 
         run_bench(kw, command_line(ctx))
+
+
+def shipped_names(kw: dict) -> dict:
+    """--target/--drafter take the shipped names (demo, smollm2, PAIR/NAME) as chat and complete do."""
+    from ..cli_options import OptionError, shipped
+
+    try:
+        return {**kw, "target": shipped(kw["target"], "target"), "drafter": shipped(kw["drafter"], "drafter")}
+    except OptionError as err:
+        raise click.UsageError(str(err)) from None
 
 
 def check_inputs(kw: dict) -> None:

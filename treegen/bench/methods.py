@@ -39,7 +39,7 @@ def default_methods(target: str | None, drafter: str | None) -> list[str]:
     """Every registered method; those that need a drafter only when there is one."""
     from ..drafters import METHODS
 
-    have = drafter or demo_drafter(target)
+    have = drafter or pair_drafter(target)
     return [name for name, m in METHODS.items() if have or not m.needs_drafter]
 
 
@@ -66,7 +66,7 @@ def resolve_one(name: str, target: str | None, drafter: str | None) -> MethodSpe
 
     if name in METHODS:
         uses = METHODS[name].needs_drafter  # others ignore a drafter: the JSON should not claim one
-        return MethodSpec(name, name, local(target), local(drafter or demo_drafter(target, name)) if uses else None)
+        return MethodSpec(name, name, local(target), local(drafter or pair_drafter(target, name)) if uses else None)
     try:
         preset = presets_mod.load(name)
     except presets_mod.PresetError as err:
@@ -76,12 +76,12 @@ def resolve_one(name: str, target: str | None, drafter: str | None) -> MethodSpe
                       preset.method_options, str(preset.path))
 
 
-def demo_drafter(target: str | None, method: str | None = None) -> str | None:
-    """On the demo target, the shipped checkpoint the method reads (the DFlash drafter for most), if installed."""
-    from ..assets import pair_drafter_for
+def pair_drafter(target: str | None, method: str | None = None) -> str | None:
+    """On a shipped pair's target, the checkpoint the method reads (the DFlash drafter for most), if installed."""
+    from ..assets import pair_drafter_for, pair_of_target
 
-    shipped = pair_drafter_for("demo", method)
-    return str(shipped) if target is None and shipped is not None else None
+    shipped = pair_drafter_for(pair_of_target(target), method)
+    return str(shipped) if shipped is not None else None
 
 
 def local(source: str | None) -> str | None:
