@@ -91,3 +91,21 @@ def test_anchors_go_to_reply_positions_first(tmp_path):
         _, _, mask = windows(2, g)
         anchors = sample_anchors(2, 64, 8, 4, g, mask)
         assert all(mask[r, anchors[r]].all() for r in range(2) if mask[r].sum() >= 9)
+
+
+def test_heldout_windows_are_never_sampled_for_training(tmp_path):
+    from types import SimpleNamespace
+
+    from treegen.train.features import training_windows
+
+    model = tiny_llama(layers=2)
+    stream = torch.arange(320).to(torch.int32) % 90 + 3
+    stream[256:] = 1   # the last two 32-token windows: a token no training window holds
+    for cache in (None, str(tmp_path)):
+        cfg = SimpleNamespace(batch=16, seq_len=32, feature_cache=cache, heldout_windows=2)
+        windows = training_windows(model, SimpleNamespace(target_layer_ids=(1,), hidden_size=model.config.hidden_size),
+                                   stream, cfg, log=lambda m: None)
+        gen = torch.Generator().manual_seed(0)
+        assert all(not (windows(gen)[0] == 1).any() for _ in range(20))
+        kept, feats, _ = windows.heldout()
+        assert kept.shape == (2, 32) and (kept == 1).all() and (feats is None) == (cache is None)

@@ -71,9 +71,10 @@ def test_training_raises_heldout_acceptance(tiny_model_dir, tmp_path):
     cont = tmp_path / "continued"
     args = ["dflash", "--target", str(target), "--init", str(out), "--data", str(out / "regenerated.pt"),
             "--data", str(data), "--out", str(cont), "--layers", "3", "--steps", "3", "--batch", "2",
-            "--seq-len", "64", "--anchors", "4"]
+            "--seq-len", "64", "--anchors", "4", "--heldout-windows", "2"]
     result = CliRunner().invoke(train, args)
     assert result.exit_code == 0, result.output
+    assert "held-out loss" in result.output   # the kept-out windows are scored (here at the end)
     cfg = json.loads((cont / "config.json").read_text())
     assert cfg["block_size"] == 8 and cfg["num_hidden_layers"] == 1
 

@@ -95,9 +95,12 @@ def loop_options(lr: float = 1e-3):
 @click.option("--regenerate", "regen", type=click.IntRange(min=0), default=0,
               help="Train on N target-regenerated sequences.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out text for the final acceptance estimate.")
+@click.option("--heldout-windows", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Keep the data's last K windows out of training and print their loss at every checkpoint.")
 @guarded
 def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, init, candidates,
-               init_from_target, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, resume, feature_cache, seed):
+               init_from_target, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, heldout_windows, resume,
+               feature_cache, seed):
     """Train a DFlash block-diffusion drafter for TARGET; writes z-lab's checkpoint layout to OUT.
 
     Ctrl-C or SIGTERM stops at the end of the current step, with a checkpoint that --resume continues."""
@@ -114,7 +117,7 @@ def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_
     cfg = DFlashTrainConfig(num_layers=layers, block_size=block_size, target_layer_ids=ids, batch=batch,
                             seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
                             max_seconds=_budget(minutes), seed=seed, init_from_target=init_from_target,
-                            candidates=candidates,
+                            candidates=candidates, heldout_windows=heldout_windows,
                             feature_cache=_folder(feature_cache))
     with stop_signals(), new_folder(out):
         train_dflash_pipeline(target, list(data), out, cfg, mask_token_id=mask_token_id, regen=regen,

@@ -43,6 +43,7 @@ class LoopConfig:
     seed: int = 0
     ckpt_every: int = 50
     feature_cache: str | None = None  # folder: the target's features of the data, computed once (features.py)
+    heldout_windows: int = 0          # the stream's last windows, never trained on, scored at every checkpoint
 
 
 @dataclass
@@ -84,10 +85,12 @@ def load_checkpoint(path: Path, model, optimizer, gen: torch.Generator) -> tuple
 
 
 def fit(model, opt, sched: Schedule, gen: torch.Generator, ckpt: Path, step_loss, *, resume: bool,
-        ckpt_every: int, on_checkpoint=None) -> tuple[int, float]:
+        ckpt_every: int, on_checkpoint=None, evaluate=None) -> tuple[int, float]:
     """The loop every trainer shares: schedule the LR, step, clip, log, checkpoint; resumable.
 
     step_loss(gen) -> (loss, tokens in the batch, extra text for the progress line).
+    evaluate() -> a line on held-out data, printed at every checkpoint (a falling training loss alone
+    hides overfitting).
     """
     step, elapsed = load_checkpoint(ckpt, model, opt, gen) if resume and ckpt.exists() else (0, 0.0)
     progress = Progress()
@@ -113,8 +116,20 @@ def fit(model, opt, sched: Schedule, gen: torch.Generator, ckpt: Path, step_loss
             save_checkpoint(ckpt, model, opt, step, elapsed, gen)
             if on_checkpoint:
                 on_checkpoint()
+            if evaluate:
+                report(model, step, evaluate)
     save_checkpoint(ckpt, model, opt, step, elapsed, gen)
+    if evaluate and step % ckpt_every:
+        report(model, step, evaluate)
     return step, elapsed
+
+
+def report(model, step: int, evaluate) -> None:
+    model.eval()
+    with torch.no_grad():
+        line = evaluate()
+    model.train()
+    print(f"step {step:6d}  {line}", file=sys.stderr, flush=True)
 
 
 class Progress:

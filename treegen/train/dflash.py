@@ -172,6 +172,23 @@ def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch
     return per_block.mean(), acc
 
 
+def heldout_loss(drafter: DFlashDrafter, target, heldout, cfg: DFlashTrainConfig, gamma: float, candidates,
+                 chunk: int = 8):
+    """() -> 'held-out loss .. acc@1 ..' over fixed anchors of the held-out windows, chunked (bounded memory)."""
+    ids, features, allowed = heldout
+    anchors = sample_anchors(len(ids), ids.shape[1], cfg.anchors, cfg.block_size, torch.Generator().manual_seed(0),
+                             allowed)
+
+    def evaluate() -> str:
+        parts = [dflash_loss(drafter, target, ids[i:i + chunk], anchors[i:i + chunk], gamma,
+                             None if features is None else features[i:i + chunk], candidates)
+                 for i in range(0, len(ids), chunk)]
+        loss = sum(p[0].item() for p in parts) / len(parts)
+        acc = torch.stack([p[1] for p in parts]).mean(0)
+        return f"held-out loss {loss:.4f}  acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
+    return evaluate
+
+
 def freeze(target) -> None:
     target.eval()
     for p in target.parameters():
@@ -199,8 +216,9 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
             f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=50)
+    evaluate = heldout_loss(drafter, target, windows.heldout(), cfg, gamma, candidates) if cfg.heldout_windows else None
     step, elapsed = fit(drafter, opt, sched, gen, ckpt, step_loss, resume=resume, ckpt_every=cfg.ckpt_every,
-                        on_checkpoint=lambda: save_dflash(drafter, out_dir))
+                        on_checkpoint=lambda: save_dflash(drafter, out_dir), evaluate=evaluate)
     drafter.eval()
     save_dflash(drafter, out_dir)
     return step, elapsed

@@ -108,22 +108,31 @@ class FeatureWindows:
     """Random aligned windows of a stream with the target's features at `layer_ids`, from the store in
     `folder` (made and filled first when it is missing, stale or lacks a layer)."""
 
-    def __init__(self, folder: Path, target, stream: torch.Tensor, seq_len: int, layer_ids, hidden: int, log=print):
+    def __init__(self, folder: Path, target, stream: torch.Tensor, seq_len: int, layer_ids, hidden: int, log=print,
+                 reserve: int = 0):
         store = FeatureStore.open(folder, stream)
         if store is None or store.columns(layer_ids) is None:
             store = FeatureStore.create(folder, stream, layer_ids, hidden)
-        self.seq_len, self.windows = seq_len, len(stream) // seq_len
+        self.seq_len, self.windows = seq_len, len(stream) // seq_len - reserve   # the last `reserve`: held out
         if self.windows < 1:
-            raise ValueError(f"the training data is {len(stream)} tokens, shorter than one {seq_len}-token window")
-        if store.done < self.windows * seq_len:
-            log(f"computing the target's features of {self.windows * seq_len} tokens once into {folder}")
+            raise ValueError(f"the training data is {len(stream)} tokens: no {seq_len}-token window is left "
+                             f"for training beside {reserve} held out")
+        total = (self.windows + reserve) * seq_len
+        if store.done < total:
+            log(f"computing the target's features of {total} tokens once into {folder}")
             fill(store, target, stream, seq_len, log=log)
         self.store, self.cols, self.stream = store, store.columns(layer_ids), stream
-        self.allowed = store.anchors()
+        self.allowed, self.reserve = store.anchors(), reserve
 
     def __call__(self, batch: int, gen: torch.Generator):
         """ids [b, T], their features [b, T, k*H] (fp32), and where anchors go first [b, T] (or None)."""
-        starts = (torch.randint(0, self.windows, (batch,), generator=gen) * self.seq_len).tolist()
+        return self.read((torch.randint(0, self.windows, (batch,), generator=gen) * self.seq_len).tolist())
+
+    def heldout(self):
+        """The held-out windows (the stream's last `reserve`), never sampled by __call__."""
+        return self.read([(self.windows + i) * self.seq_len for i in range(self.reserve)])
+
+    def read(self, starts: list[int]):
         ids = torch.stack([self.stream[s:s + self.seq_len] for s in starts]).long()
         feats = np.stack([self.store.data[s:s + self.seq_len][:, self.cols] for s in starts])
         allowed = None if self.allowed is None else \
@@ -134,11 +143,41 @@ class FeatureWindows:
 def training_windows(target, drafter_config, stream: torch.Tensor, cfg, log=print):
     """gen -> (ids [b, T], features [b, T, k*H] or None, anchor preference [b, T] or None) for every trainer:
     random windows of the stream, with the target's features at the drafter's layers from cfg.feature_cache
-    when it names a folder (None: the loss runs the target on every batch)."""
-    from .common import random_windows
-
+    when it names a folder (None: the loss runs the target on every batch). The stream's last
+    cfg.heldout_windows windows are never trained on; `.heldout()` gives them in the same form."""
+    reserve = cfg.heldout_windows
     if cfg.feature_cache is None:
-        return lambda g: (random_windows(stream, cfg.batch, cfg.seq_len, g), None, None)
+        return StreamWindows(stream, cfg.batch, cfg.seq_len, reserve)
     windows = FeatureWindows(Path(cfg.feature_cache), target, stream, cfg.seq_len, drafter_config.target_layer_ids,
-                             drafter_config.hidden_size, log)
-    return lambda g: windows(cfg.batch, g)
+                             drafter_config.hidden_size, log, reserve=reserve)
+    return FeatureSampler(windows, cfg.batch)
+
+
+class StreamWindows:
+    """Random windows of a stream without features; the last `reserve` aligned windows held out."""
+
+    def __init__(self, stream: torch.Tensor, batch: int, seq_len: int, reserve: int):
+        from .common import random_windows
+
+        self.train = stream[:len(stream) - reserve * seq_len] if reserve else stream
+        self.kept = stream[len(self.train):len(self.train) + reserve * seq_len].long().view(reserve, seq_len)
+        self.sample = lambda g: random_windows(self.train, batch, seq_len, g)
+
+    def __call__(self, gen: torch.Generator):
+        return self.sample(gen), None, None
+
+    def heldout(self):
+        return self.kept, None, None
+
+
+class FeatureSampler:
+    """A FeatureWindows store sampled at a fixed batch size."""
+
+    def __init__(self, windows: FeatureWindows, batch: int):
+        self.windows, self.batch = windows, batch
+
+    def __call__(self, gen: torch.Generator):
+        return self.windows(self.batch, gen)
+
+    def heldout(self):
+        return self.windows.heldout()
