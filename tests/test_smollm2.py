@@ -45,8 +45,10 @@ def reference(base):
     return out
 
 
-def test_there_is_a_smollm2_preset_for_every_baseline():
-    assert {"smollm2-ar", "smollm2-pld"} <= set(smollm2_presets())
+def test_there_is_a_smollm2_preset_for_every_method():
+    from treegen.drafters import METHODS
+
+    assert {f"smollm2-{method}" for method in METHODS} <= set(smollm2_presets())
 
 
 @pytest.mark.parametrize("name", smollm2_presets())
