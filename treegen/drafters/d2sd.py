@@ -172,13 +172,14 @@ def build_d2sd(target, drafter_path: str, vp_drafter: str | None, k: int, b2: in
 
 
 def resolve_vp(drafter_path: str, vp_drafter: str | None) -> str:
-    """vp_drafter as given (demo/NAME: a shipped checkpoint); unset: the shipped VP-drafter with the shipped
+    """vp_drafter as given (PAIR/NAME: a shipped checkpoint); unset: a shipped pair's VP-drafter with that pair's
     DFlash drafter, else the DFlash drafter itself (no VP-drafters are published)."""
-    from ..assets import DEMO_DRAFTER, pair_asset
+    from ..assets import ASSETS, PAIRS, pair_asset
 
     if vp_drafter:
         return str(pair_asset(vp_drafter) or vp_drafter)
-    shipped = DEMO_DRAFTER.parent / "vp-drafter"
-    if Path(drafter_path).resolve() == DEMO_DRAFTER.resolve() and shipped.exists():
-        return str(shipped)
+    for pair in PAIRS:
+        shipped = ASSETS / pair / "vp-drafter"
+        if Path(drafter_path).resolve() == (ASSETS / pair / "dflash").resolve() and shipped.exists():
+            return str(shipped)
     return drafter_path

@@ -57,7 +57,7 @@ def config_to_json(c: DFlashConfig) -> dict:
 
 
 def resolve_checkpoint(name: str) -> Path:
-    """A local folder, a shipped demo checkpoint (`demo/NAME`), or a hub id fetched into the local cache
+    """A local folder, a shipped checkpoint (`demo/NAME`, `smollm2/NAME`), or a hub id fetched into the local cache
     (fails cleanly when offline)."""
     from ..assets import pair_asset
 
