@@ -56,7 +56,7 @@ class FakeGenerator:
         self.texts.append(text)
         return list(range(len(text)))
 
-    def stream(self, ids, stop=(), **sampling):
+    def stream(self, ids, stop=(), prefix=None, **sampling):
         self.prompts.append((ids, stop, sampling))
         stats = Stats()
         for i, word in enumerate(["one ", "two ", "three"]):

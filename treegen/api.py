@@ -17,6 +17,7 @@ import torch
 
 from .drafters import auto_budget, build_drafter
 from .engine.generate import GenerationConfig, Round, generate
+from .engine.prefix import PrefixCache
 from .engine.sampling import Sampler
 from .engine.stats import Stats
 from .loading import DEFAULT_ATTN, DEFAULT_DEVICE, DEFAULT_DTYPE, context_length, eos_ids, load_target
@@ -146,10 +147,12 @@ class Generator:
                                 effective_seed(s["seed"]), eos_ids(self.model, self.tokenizer),
                                 context_length(self.model), self.verify_cost)
 
-    def stream(self, prompt: str | list[int], *, stop: tuple[str, ...] = (), **sampling) -> Iterator[Chunk]:
-        """Yield a Chunk per round; stops at EOS, max_new_tokens, the context limit or a stop string."""
+    def stream(self, prompt: str | list[int], *, stop: tuple[str, ...] = (), prefix: PrefixCache | None = None,
+               **sampling) -> Iterator[Chunk]:
+        """Yield a Chunk per round; stops at EOS, max_new_tokens, the context limit or a stop string.
+        `prefix` (a chat's turns): reuse the cache rows of the prompt's start that the last generation left."""
         ids = self.encode(prompt)
-        rounds = generate(self.model, self.draft_model, torch.tensor(ids), self.config(**sampling))
+        rounds = generate(self.model, self.draft_model, torch.tensor(ids), self.config(**sampling), prefix)
         return self._chunks(rounds, stop)
 
     def _chunks(self, rounds: Iterator[Round], stop: tuple[str, ...]) -> Iterator[Chunk]:

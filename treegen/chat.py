@@ -10,6 +10,7 @@ import sys
 from contextlib import closing
 from dataclasses import dataclass, field, fields, replace
 
+from .engine.prefix import PrefixCache
 from .ui import is_terminal, make_view, quiet_keys, summary
 
 PROMPT, MORE = ">>> ", "... "
@@ -104,6 +105,7 @@ class ChatREPL:
         self.stdin, self.stdout, self.stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
         self.format = ChatFormat(generator.tokenizer)
         self.conversation = Conversation(system)
+        self.prefix = PrefixCache()   # each turn prefills only what the last one's cache does not hold
         self.last, self.session, self.replies, self.measured = None, None, 0, 0   # measured: replies with stats
         self.last_prompt = self.prompt_total = 0
 
@@ -192,6 +194,7 @@ class ChatREPL:
 
     def clear(self, _: str) -> None:
         self.conversation.clear()
+        self.prefix.clear()
         self.say("(conversation cleared)")
 
     def set(self, arg: str) -> None:
@@ -281,7 +284,7 @@ class ChatREPL:
 
     def stream(self, ids: list[int]) -> tuple[list[str], bool]:
         """Stream one reply; (its text parts, whether Ctrl-C stopped it)."""
-        chunks = self.gen.stream(ids, stop=self.format.stop, **self.sampling)
+        chunks = self.gen.stream(ids, stop=self.format.stop, prefix=self.prefix, **self.sampling)
         view = make_view(self.stdout, live=self.live, end="\n", color=self.color)
         parts, stats, stopped = [], None, False
         try:

@@ -28,8 +28,9 @@ do not edit by hand (`tests/test_cli_docs.py` fails when it is out of date).
 - **Prompt**: `treegen complete -p TEXT`, `treegen complete FILE`, `treegen complete -` or a pipe; the prompt
   is used exactly as read (trailing newline included) and must be UTF-8. When the model's first token is its
   end-of-sequence token, stderr says so ("finished at once").
-- **Summary** (stderr): `prompt eval time` (the prefill, which also gives the first token), `eval time` (the
-  rest: tokens after the first, as llama.cpp counts them), `total time`, then the acceptance numbers.
+- **Summary** (stderr): `prompt eval time` (the prefill, which also gives the first token; in chat, the
+  tokens the last turn's cache does not already hold), `eval time` (the rest: tokens after the first, as
+  llama.cpp counts them), `total time`, then the acceptance numbers.
 - **Exit status**: 0 done (also `-n 0`, empty output); 0 as well when the reader of stdout goes away
   (`| head`, in `complete` and `chat`), quietly, no summary; 1 a runtime error, one line `treegen: error: ...`
   (`--debug` adds the traceback); 2 a usage error, one line, found before anything loads: a flag value out

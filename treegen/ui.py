@@ -204,7 +204,8 @@ def summary(stats, *, method: str, prompt_tokens: int, prefills: int = 1) -> str
     rate = stats.accepted_drafts / stats.drafted if stats.drafted else 0.0
     rows = [
         ("method", f"{method}, finish = {stats.finish}"),
-        ("prompt eval time", _timing(stats.time_prefill, prompt_tokens)),
+        ("prompt eval time", _timing(stats.time_prefill, prompt_tokens - stats.prompt_reused)
+         + (f", {stats.prompt_reused} more reused from the last turn" if stats.prompt_reused else "")),
         # as llama.cpp's "eval time": after the prompt eval, whose forward also gives the first token
         ("eval time", _timing(max(stats.wall_time - stats.time_prefill, 0.0), max(stats.new_tokens - prefills, 0))),
         ("total time", f"{_ms(stats.wall_time)} / {stats.new_tokens:5d} tokens"),

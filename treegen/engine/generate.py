@@ -15,6 +15,7 @@ import torch
 from .budget import AutoBudget, VerifyCost
 from .cache import check_compactable, compact, new_cache
 from .drafter import Drafter, DraftState, sync
+from .prefix import PrefixCache
 from .sampling import Sampler
 from .target import Logits, TargetStep
 from .tree import DraftTree, verification_inputs
@@ -53,16 +54,21 @@ class Round:
     t_commit: float         # the verify walk, cache compaction and bookkeeping
     finish: str | None = None  # "eos" | "length" | "context" on the last round
     t_build: float = 0.0    # the tree build: best-first / merge, dedup, budget trim, mask and positions
+    reused: int = 0         # round 0: prompt tokens whose cache rows came from the last generation (not prefilled)
 
 
 class _Loop:
     """The state of one generation: target cache, committed ids, and the step functions of a round."""
 
-    def __init__(self, model, drafter: Drafter, prompt: torch.Tensor, config: GenerationConfig):
+    def __init__(self, model, drafter: Drafter, prompt: torch.Tensor, config: GenerationConfig,
+                 prefix: PrefixCache | None = None):
         self.model, self.drafter, self.config = model, drafter, config
         self.device = prompt.device
         self.step = TargetStep(model, tuple(drafter.target_layer_ids))
         self.cache = new_cache(model)
+        self.prefix, self.reused = prefix, 0
+        self.features: list[torch.Tensor] = []   # with a prefix cache: the target features of every cached row
+        self.consistent = False   # the cache holds exactly the rows of tokens[:-1] (between rounds)
         self.tokens = prompt.clone()   # committed ids; the last is the anchor, whose KV is not cached yet
         self.prompt_len = prompt.numel()
         self.auto = None
@@ -81,13 +87,35 @@ class _Loop:
     def target_forward(self, ids, positions, mask) -> tuple[Logits, torch.Tensor | None]:
         return self.step(ids, positions, mask, self.cache)
 
+    @property
+    def key(self) -> tuple:
+        return id(self.model), self.step.layer_ids
+
     def prefill(self) -> list[int]:
-        ids = self.tokens.view(1, -1)
-        logits, feats = self.target_forward(ids, torch.arange(ids.shape[1], device=self.device)[None], None)
+        """The prompt's forward (only the part a prefix cache does not hold) and the first token."""
+        kept = None
+        if self.prefix is not None:
+            cache, self.reused, kept = self.prefix.take(self.key, self.tokens)
+            self.cache = cache if cache is not None else self.cache
+        positions = torch.arange(self.reused, self.tokens.numel(), device=self.device)[None]
+        logits, feats = self.target_forward(self.tokens[self.reused:].view(1, -1), positions, None)
         check_compactable(self.cache)
         first = int(self.config.sampler.sample(logits.row(-1), self.generator)[0])
+        if kept is not None:
+            feats = torch.cat([kept, feats])
+        self.log_features(feats)
         self.drafter.begin(self.tokens, feats)
         return [first]
+
+    def log_features(self, feats: torch.Tensor | None) -> None:
+        if self.prefix is not None and feats is not None:
+            self.features.append(feats)
+
+    def release(self) -> None:
+        """Hand the cache to the prefix cache for the next prompt, if it is whole."""
+        if self.prefix is not None and self.consistent:
+            feats = torch.cat(self.features) if self.features else None
+            self.prefix.keep(self.key, self.cache, self.tokens[:-1], feats)
 
     def room(self) -> int:
         """Deepest tree the limits allow: committed tokens never pass the context or max_new_tokens."""
@@ -133,7 +161,9 @@ class _Loop:
     def commit(self, verdict: Verdict, feats: torch.Tensor | None) -> None:
         rows = [0] + [i + 1 for i in verdict.path]
         compact(self.cache, self.past_len, rows)
-        self.drafter.commit(verdict.tokens, None if feats is None else feats[rows])
+        feats = None if feats is None else feats[rows]
+        self.log_features(feats)
+        self.drafter.commit(verdict.tokens, feats)
 
     def append(self, tokens: list[int]) -> tuple[list[int], str | None]:
         """Commit tokens to the sequence, cut at the first EOS or a limit; say why generation ends, if it does."""
@@ -151,8 +181,10 @@ class _Loop:
         return tokens, finish
 
 
-def generate(model, drafter: Drafter, prompt_ids: torch.Tensor, config: GenerationConfig) -> Iterator[Round]:
-    """Yield one Round per target forward until EOS, max_new_tokens or the context limit."""
+def generate(model, drafter: Drafter, prompt_ids: torch.Tensor, config: GenerationConfig,
+             prefix: PrefixCache | None = None) -> Iterator[Round]:
+    """Yield one Round per target forward until EOS, max_new_tokens or the context limit. `prefix`: start
+    from the cache rows it holds for this prompt's first tokens, and leave this generation's there."""
     prompt = prompt_ids.flatten().long().to(model.device)
     if prompt.numel() == 0:
         raise ValueError("the prompt is empty: give at least one token")
@@ -162,7 +194,7 @@ def generate(model, drafter: Drafter, prompt_ids: torch.Tensor, config: Generati
                             f"leaving no room to generate")
     if config.max_new_tokens == 0:
         return _nothing()   # a generator like any other (close() and all), that yields no round
-    return _rounds(_Loop(model, drafter, prompt, config))
+    return _rounds(_Loop(model, drafter, prompt, config, prefix))
 
 
 def _nothing() -> Iterator[Round]:
@@ -171,13 +203,22 @@ def _nothing() -> Iterator[Round]:
 
 @torch.inference_mode()  # torch enters and leaves the mode around each step of a generator
 def _rounds(loop: _Loop) -> Iterator[Round]:
+    try:
+        yield from _steps(loop)
+    finally:   # also when the consumer stops early: a whole cache is still worth keeping
+        loop.release()
+
+
+def _steps(loop: _Loop) -> Iterator[Round]:
     t0 = time.perf_counter()
     tokens, finish = loop.append(loop.prefill())
+    loop.consistent = True
     sync(loop.device)
-    yield Round(0, tokens, 0, 0, 0, 0.0, time.perf_counter() - t0, 0.0, finish)
+    yield Round(0, tokens, 0, 0, 0, 0.0, time.perf_counter() - t0, 0.0, finish, reused=loop.reused)
     index = 0
     while finish is None:
         index += 1
+        loop.consistent = False
         t0 = time.perf_counter()
         tree = loop.draft()
         sync(loop.device)
@@ -188,6 +229,7 @@ def _rounds(loop: _Loop) -> Iterator[Round]:
             loop.auto.observe(tree, verdict.path)
         loop.commit(verdict, feats)
         tokens, finish = loop.append(verdict.tokens)
+        loop.consistent = True
         sync(loop.device)
         t3 = time.perf_counter()
         if loop.auto is not None:

@@ -21,12 +21,14 @@ class Stats:
     time_commit: float = 0.0
     wall_time: float = 0.0
     finish: str | None = None
+    prompt_reused: int = 0               # prompt tokens not prefilled: their cache rows were the last turn's
 
     def add(self, r: Round) -> None:
         self.new_tokens += len(r.tokens)
         self.finish = r.finish or self.finish
         if r.index == 0:
             self.time_prefill += r.t_verify
+            self.prompt_reused += r.reused
             return
         self.rounds += 1
         self.accepted_drafts += r.accepted
