@@ -25,7 +25,10 @@ class Method:
     def options(self) -> dict[str, Any]:
         """The options build() takes, with their defaults."""
         params = inspect.signature(self.build).parameters.values()
-        return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+        options = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+        if self.needs_drafter:   # any drafter's method can take prompt-lookup rounds (drafters/lookup.py)
+            options["lookup"] = D.LOOKUP
+        return options
 
 
 def _ar(target, drafter_path):
@@ -141,7 +144,12 @@ def build_drafter(name: str, target, drafter_path: str | None = None, options: d
     options = check_options(method, dict(options or {}))
     if auto_budget(options):  # the drafter drafts its ceiling; the engine trims each round (engine/budget.py)
         options["budget"] = D.AUTO_CEILING
-    return method.build(target, drafter_path, **options)
+    lookup = options.pop("lookup", False)
+    drafter = method.build(target, drafter_path, **options)
+    if lookup:
+        from .lookup import LookupFirst
+        drafter = LookupFirst(drafter)
+    return drafter
 
 
 __all__ = ["METHODS", "Method", "MethodError", "auto_budget", "build_drafter", "check_options", "get_method", "register"]

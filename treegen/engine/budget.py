@@ -186,12 +186,12 @@ class AutoBudget:
         return False
 
     def trim(self, tree: DraftTree, t_draft: float) -> DraftTree:
+        if tree.scores is None or len(tree) == 0:
+            return tree  # a method without path scores keeps its own size (prompt-lookup rounds too)
         if self.t_draft is None:
             self.t_draft = t_draft
         elif not self.catching_up:  # a pass folding a rest's context is not a typical one
             self.t_draft = 0.8 * self.t_draft + 0.2 * t_draft
-        if tree.scores is None or len(tree) == 0:
-            return tree  # a method without path scores keeps its own size
         # stable: on equal scores the lower index (a parent before its child) comes first
         scores, order = torch.sort(tree.scores.float().cpu(), descending=True, stable=True)
         keep = torch.zeros(len(tree), dtype=torch.bool)
