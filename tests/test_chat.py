@@ -139,3 +139,11 @@ def test_save_writes_the_whole_conversation_and_survives_a_bad_path(tmp_path):
                                                      {"role": "assistant", "content": "one two three"}]
     assert "(saved 2 messages to" in err and "/save: cannot write" in err and "usage: /save FILE" in err
     assert len(repl.conversation.turns) == 4   # a failed save ends nothing: the next message was answered
+
+
+def test_the_banner_names_the_options_that_change_drafting():
+    from treegen.chat import method_label
+
+    gen = SimpleNamespace(method="treeflash", method_options={"budget": "auto", "lookup": True, "top_k": 8})
+    assert method_label(gen) == "treeflash (budget auto, lookup)"
+    assert method_label(SimpleNamespace(method="ar", method_options={})) == "ar"

@@ -82,6 +82,14 @@ def transcript(messages: list[dict]) -> str:
     return "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages)
 
 
+def method_label(gen) -> str:
+    """The method and the options that change how it drafts: "treeflash (budget auto, lookup)"."""
+    options = getattr(gen, "method_options", None) or {}
+    shown = [f"budget {options['budget']}" if "budget" in options else "", "lookup" if options.get("lookup") else ""]
+    shown = [s for s in shown if s]
+    return f"{gen.method} ({', '.join(shown)})" if shown else gen.method
+
+
 def plural(n: int, word: str, words: str) -> str:
     return f"{n} {word if n == 1 else words}"
 
@@ -122,8 +130,8 @@ class ChatREPL:
         if not self.quiet:
             from .assets import target_label
 
-            self.say(f"treegen chat: {self.gen.method} on {target_label(self.gen.target)}. /help for commands, "
-                     f"Ctrl-D to exit.")
+            self.say(f"treegen chat: {method_label(self.gen)} on {target_label(self.gen.target)}. /help for "
+                     f"commands, Ctrl-D to exit.")
         while True:
             line = self.read_message()
             if line is None:
