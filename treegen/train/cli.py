@@ -96,7 +96,8 @@ def loop_options(lr: float = 1e-3):
               help="Train on N target-regenerated sequences.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out text for the final acceptance estimate.")
 @click.option("--heldout-windows", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Keep the data's last K windows out of training and print their loss at every checkpoint.")
+              help="Keep the data's last K windows out of training and print their loss at every checkpoint; "
+                   "the drafter with the lowest so far is also written to OUT/best.")
 @guarded
 def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, init, candidates,
                init_from_target, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, heldout_windows, resume,

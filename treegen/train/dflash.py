@@ -7,6 +7,7 @@ weighted exp(-(k-1)/gamma) so that early positions, which every accepted prefix 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,7 +175,8 @@ def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch
 
 def heldout_loss(drafter: DFlashDrafter, target, heldout, cfg: DFlashTrainConfig, gamma: float, candidates,
                  chunk: int = 8):
-    """() -> 'held-out loss .. acc@1 ..' over fixed anchors of the held-out windows, chunked (bounded memory)."""
+    """() -> ('held-out loss .. acc@1 ..', loss) over fixed anchors of the held-out windows, chunked (bounded
+    memory)."""
     ids, features, allowed = heldout
     anchors = sample_anchors(len(ids), ids.shape[1], cfg.anchors, cfg.block_size, torch.Generator().manual_seed(0),
                              allowed)
@@ -185,8 +187,25 @@ def heldout_loss(drafter: DFlashDrafter, target, heldout, cfg: DFlashTrainConfig
                  for i in range(0, len(ids), chunk)]
         loss = sum(p[0].item() for p in parts) / len(parts)
         acc = torch.stack([p[1] for p in parts]).mean(0)
-        return f"held-out loss {loss:.4f}  acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
+        return f"held-out loss {loss:.4f}  acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}", loss
     return evaluate
+
+
+def keeping_best(evaluate, drafter: DFlashDrafter, out_dir: Path):
+    """Wraps a held-out evaluate(): the drafter with the lowest held-out loss so far is also written to
+    OUT/best (with heldout.json), so a run that goes on past its best point still has it."""
+    best_dir = out_dir / "best"
+    record = best_dir / "heldout.json"
+
+    def evaluate_keeping() -> str:
+        line, loss = evaluate()
+        best = json.loads(record.read_text())["loss"] if record.exists() else float("inf")
+        if loss < best:
+            save_dflash(drafter, best_dir)
+            record.write_text(json.dumps({"loss": loss, "line": line}) + "\n")
+            line += "  (best so far: saved to best/)"
+        return line
+    return evaluate_keeping
 
 
 def freeze(target) -> None:
@@ -216,7 +235,10 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
             f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=50)
-    evaluate = heldout_loss(drafter, target, windows.heldout(), cfg, gamma, candidates) if cfg.heldout_windows else None
+    evaluate = None
+    if cfg.heldout_windows:
+        evaluate = keeping_best(heldout_loss(drafter, target, windows.heldout(), cfg, gamma, candidates), drafter,
+                                out_dir)
     step, elapsed = fit(drafter, opt, sched, gen, ckpt, step_loss, resume=resume, ckpt_every=cfg.ckpt_every,
                         on_checkpoint=lambda: save_dflash(drafter, out_dir), evaluate=evaluate)
     drafter.eval()
