@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..engine.drafter import sync
 from ..engine.tree import DraftTree
 from .base import DraftState
-from .pld import PromptLookupDrafter, continuations, trie
+from .pld import PromptLookupDrafter, trie
 
 TRIES = 3          # rounds each way runs in a context before rates decide
 RETRY_EVERY = 24   # rounds of a context after which a losing way runs once more (the text may have changed)
@@ -82,7 +82,7 @@ class LookupFirst:
 
     def propose(self, state: DraftState) -> DraftTree:
         t0 = time.perf_counter()
-        n, conts = self.match(state)
+        n, conts = self.lookup.match(state)
         context = f"match{n}" if conts else "none"   # a 3-gram match predicts more than a 1-gram
         way = self.choose(context, ("lookup", "tree", "plain") if conts else ("tree", "plain"))
         self.pending, self.drafted = ((context, way), t0), way == "tree"
@@ -92,24 +92,15 @@ class LookupFirst:
             return trie(conts, state.tokens.device)
         return self.inner.propose(state) if way == "tree" else DraftTree.empty(state.tokens.device)
 
-    def match(self, state: DraftState) -> tuple[int, list[list[int]]]:
-        """(n, continuations) of the longest n-gram of the text's end seen before it; (0, []) if none."""
-        p = self.lookup
-        length = min(p.draft_len, state.max_depth)
-        if length >= 1:
-            for n in range(p.max_ngram, p.min_ngram - 1, -1):
-                conts = continuations(state.tokens, n, length, p.branches)
-                if conts:
-                    return n, conts
-        return 0, []
-
     def choose(self, context: str, ways: tuple[str, ...]) -> str:
         """This round's way: each runs TRIES rounds in a context first, then the fastest, a slower one again
         once it has not run for RETRY_EVERY rounds of this context."""
         arms = {way: self.arms.setdefault((context, way), Arm()) for way in ways}
         untried = [way for way in ways if arms[way].rounds < TRIES]
         stale = [way for way in ways if arms[way].idle >= RETRY_EVERY]
-        way = (untried or stale or [max(ways, key=lambda w: arms[w].rate * (1 / PLAIN_MARGIN if w == "plain" else 1))])[0]
+        def worth(way: str) -> float:
+            return arms[way].rate / (PLAIN_MARGIN if way == "plain" else 1.0)
+        way = (untried or stale or [max(ways, key=worth)])[0]
         for each, arm in arms.items():
             arm.idle = 0 if each == way else arm.idle + 1
         return way

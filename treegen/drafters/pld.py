@@ -28,14 +28,18 @@ class PromptLookupDrafter:
         pass
 
     def propose(self, state: DraftState) -> DraftTree:
+        _, conts = self.match(state)
+        return trie(conts, state.tokens.device) if conts else DraftTree.empty(state.tokens.device)
+
+    def match(self, state: DraftState) -> tuple[int, list[list[int]]]:
+        """(n, continuations) for the longest n-gram of the text's end seen before it; (0, []) if none."""
         length = min(self.draft_len, state.max_depth)
-        if length < 1:
-            return DraftTree.empty(state.tokens.device)
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            conts = continuations(state.tokens, n, length, self.branches)
-            if conts:
-                return trie(conts, state.tokens.device)
-        return DraftTree.empty(state.tokens.device)
+        if length >= 1:
+            for n in range(self.max_ngram, self.min_ngram - 1, -1):
+                conts = continuations(state.tokens, n, length, self.branches)
+                if conts:
+                    return n, conts
+        return 0, []
 
 
 def continuations(tokens: torch.Tensor, n: int, length: int, limit: int) -> list[list[int]]:
