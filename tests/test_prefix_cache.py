@@ -92,3 +92,16 @@ def test_another_drafters_features_are_not_mixed_in(demo):
     list(generate(model, drafter(model, "ar"), prompt, GenerationConfig(4), prefix))
     rounds = list(generate(model, drafter(model, "dflash"), prompt, GenerationConfig(4), prefix))
     assert rounds[0].reused == 0
+
+
+def test_the_api_takes_shipped_names_and_a_prefix_cache():
+    from treegen import Generator
+    from treegen import PrefixCache as Exported
+
+    g = Generator(target="demo", method="treeflash", drafter="demo/treeflash")
+    assert g.drafter.endswith("treeflash") and Exported is PrefixCache
+    prefix = PrefixCache()
+    first = g.generate(TURN1, max_new_tokens=12, prefix=prefix)
+    second = g.generate(TURN1 + first.text + TURN2, max_new_tokens=12, prefix=prefix)
+    assert first.stats.prompt_reused == 0 and second.stats.prompt_reused > len(first.prompt_token_ids)
+    assert second.text == g.generate(TURN1 + first.text + TURN2, max_new_tokens=12).text

@@ -5,6 +5,8 @@
     print(g.generate("def fib(n):", max_new_tokens=64).text)
     for chunk in g.stream("import os\\n", temperature=0.8, seed=1):
         print(chunk.text, end="", flush=True)
+    prefix = PrefixCache()                         # multi-turn: each prompt that extends the last one
+    g.generate(turn1, prefix=prefix)               # prefills only its new tokens (treegen chat does this)
 """
 from __future__ import annotations
 
@@ -93,6 +95,7 @@ class Generator:
     def __post_init__(self):
         from .assets import DEMO_TARGET, best_method, pair_drafter_for, pair_of_target
 
+        self.target, self.drafter = _named(self.target, "target"), _named(self.drafter, "drafter")
         pair = pair_of_target(self.target)
         if pair is not None:   # a shipped pair: the drafter of the method's choice comes with it
             self.target = self.target or str(DEMO_TARGET)
@@ -121,7 +124,7 @@ class Generator:
         from .assets import best_method
 
         other = copy.copy(self)
-        other.drafter, other.method_options = drafter, dict(method_options or {})
+        other.drafter, other.method_options = _named(drafter, "drafter"), dict(method_options or {})
         other.method = best_method(drafter) if method == "auto" else method
         other.draft_model = build_drafter(other.method, self.model, drafter, other.method_options)
         other.verify_cost = other._verify_cost()
@@ -183,6 +186,16 @@ class Generator:
             token_ids.extend(chunk.round.tokens)
             stats, finish = chunk.stats, chunk.finish
         return Completion("".join(parts), token_ids, prompt_ids, stats, finish)
+
+
+def _named(value: str | None, kind: str) -> str | None:
+    """The shipped names the CLI takes (demo, smollm2, demo/NAME, smollm2/NAME) here too; a file or folder of
+    that name wins."""
+    from pathlib import Path
+
+    from .assets import shipped
+
+    return value if not value or Path(value).exists() else shipped(value, kind)
 
 
 def _stop_at(text: str, delta: str, stop: tuple[str, ...]) -> int | None:
