@@ -294,3 +294,16 @@ def test_sampler_draws_follow_probs():
         counts = torch.bincount(draws[:, row], minlength=6).double()
         stat, threshold = chi_square(counts, sampler.probs(logits[row]).double())
         assert stat < threshold
+
+
+def test_lookup_router_keeps_the_distribution(target):
+    """`lookup: true`: whichever way a round takes (prompt lookup's drafts, the tree, plain), the first three
+    tokens follow the target's distribution."""
+    from treegen.drafters.lookup import LookupFirst
+
+    sampler = CONFIGS["top_k"]
+    router = LookupFirst(TableTreeDrafter(target))
+    counts, _ = first_three(target, router, sampler, 4_000, seed=29)
+    stat, threshold = chi_square(counts, exact_joint(target, sampler))
+    assert {way for (_, way), arm in router.arms.items() if arm.rounds} == {"lookup", "tree", "plain"}
+    assert stat < threshold, f"chi-square {stat:.1f} >= {threshold:.1f}"
