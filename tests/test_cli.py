@@ -184,6 +184,7 @@ def test_version_and_info():
     assert __version__ in invoke("--version").stdout
     info = invoke("info")
     assert info.exit_code == 0 and "transformers" in info.stdout and "demo target" in info.stdout
+    assert "default " in info.stdout and " pair)" in info.stdout   # what chat and complete run by default
 
 
 def test_chat_through_the_cli(tiny_model_dir):

@@ -336,19 +336,24 @@ def presets_show(name):
 @cli.command()
 @guarded
 def info():
-    """Versions, the compute device and whether the demo assets are installed."""
+    """Versions, the compute device, the installed models and the default preset."""
     import platform
 
     import torch
     import transformers
 
-    from .assets import DEMO_DRAFTER, DEMO_TARGET
+    from .assets import DEMO_DRAFTER, DEMO_TARGET, SMOLLM2_INSTALL, default_pair, default_preset, smollm2_gguf
     from .drafters import METHODS
 
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    gguf = smollm2_gguf()
+    pair = default_pair()
     rows = [("treegen", __version__), ("python", platform.python_version()), ("torch", torch.__version__),
             ("transformers", transformers.__version__), ("cuda device", cuda),
             ("demo target", _present(DEMO_TARGET)), ("demo drafter", _present(DEMO_DRAFTER)),
+            ("smollm2", f"{gguf} (installed)" if gguf else f"not installed ({SMOLLM2_INSTALL})"),
+            # what chat and complete run without --target / --preset
+            ("default", f"{default_preset(pair).name} (the {pair} pair)"),
             ("methods", ", ".join(sorted(METHODS))), ("presets", ", ".join(presets_mod.available()) or "none")]
     for key, value in rows:
         click.echo(f"{key:<13} {value}")
