@@ -64,3 +64,16 @@ def test_the_option_is_offered_to_drafter_methods_only():
     with pytest.raises(MethodError, match="must be bool"):
         build_drafter("dflash", None, "x", {"lookup": 1})
     assert get_method("ddtree").options["lookup"] is False
+
+
+def test_the_stats_count_the_rounds_of_each_way():
+    from treegen import Generator
+    from treegen.ui import summary
+
+    g = Generator(target="demo", method="dflash", method_options={"lookup": True})
+    stats = g.generate(PROMPT, max_new_tokens=96).stats
+    assert sum(stats.ways.values()) == stats.rounds and set(stats.ways) <= {"lookup", "tree", "plain"}
+    assert stats.to_dict()["ways"] == dict(sorted(stats.ways.items()))
+    assert "rounds by way = " in summary(stats, method="dflash", prompt_tokens=10)
+    plain = Generator(target="demo", method="dflash").generate(PROMPT, max_new_tokens=8).stats
+    assert not plain.ways and "rounds by way" not in summary(plain, method="dflash", prompt_tokens=10)

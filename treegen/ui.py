@@ -215,5 +215,7 @@ def summary(stats, *, method: str, prompt_tokens: int, prefills: int = 1) -> str
         ("acceptance per position", " ".join(f"{p:.2f}" for p in d["acceptance_per_position"]) or "-"),
         ("time split", time_split(d["time_split_s"], stats.wall_time)),
     ]
+    if stats.ways:   # lookup: true
+        rows.append(("rounds by way", " | ".join(f"{way} {n / stats.rounds:.0%}" for way, n in sorted(stats.ways.items()))))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:>{width}} = {value}" for label, value in rows)

@@ -59,6 +59,7 @@ def pooled(stats: list[Stats]) -> Stats:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 setattr(total, f.name, getattr(total, f.name) + value)
         total.accept_histogram += Counter(s.accept_histogram)
+        total.ways += Counter(s.ways)
     return total
 
 

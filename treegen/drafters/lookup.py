@@ -58,6 +58,7 @@ class LookupFirst:
         self.pending: tuple[tuple[str, str], float] | None = None   # this round's arm, and when it started
         self.device = None
         self.drafted = False   # whether the last proposal ran the drafter
+        self.way: str | None = None   # how the last proposal drafted (the engine puts it in the Round)
         self.first = True      # the next proposal is the generation's first
 
     @property
@@ -85,7 +86,7 @@ class LookupFirst:
         n, conts = self.lookup.match(state)
         context = f"match{n}" if conts else "none"   # a 3-gram match predicts more than a 1-gram
         way = self.choose(context, ("lookup", "tree", "plain") if conts else ("tree", "plain"))
-        self.pending, self.drafted = ((context, way), t0), way == "tree"
+        self.pending, self.drafted, self.way = ((context, way), t0), way == "tree", way
         if self.first:   # the first pass after a prefill folds the whole prompt in: no way's typical round
             self.pending, self.first = None, False
         if way == "lookup":

@@ -55,6 +55,7 @@ class Round:
     finish: str | None = None  # "eos" | "length" | "context" on the last round
     t_build: float = 0.0    # the tree build: best-first / merge, dedup, budget trim, mask and positions
     reused: int = 0         # round 0: prompt tokens whose cache rows came from the last generation (not prefilled)
+    way: str | None = None  # how a routing drafter drafted this round (lookup: true: lookup, tree or plain)
 
 
 class _Loop:
@@ -76,6 +77,7 @@ class _Loop:
             self.auto = AutoBudget(config.verify_cost, rests=not config.sampler.greedy)
         self.t_tree = self.t_mask = self.t_walk = 0.0   # this round's tree build, mask build, verify walk
         self.proposed = True   # whether the drafter ran this round (not resting)
+        self.way: str | None = None
         self.generator = None
         if config.seed is not None:
             self.generator = torch.Generator(self.device).manual_seed(config.seed)
@@ -131,12 +133,13 @@ class _Loop:
     def draft(self) -> DraftTree:
         self.proposed = not (self.auto is not None and self.auto.resting())
         if not self.proposed:
-            self.t_tree = 0.0
+            self.t_tree, self.way = 0.0, None
             return DraftTree.empty(self.device)
         if hasattr(self.drafter, "t_build"):
             self.drafter.t_build = 0.0   # a proposal that builds no tree reports none
         t0 = time.perf_counter()
         tree = self.drafter.propose(DraftState(self.tokens, self.room()))
+        self.way = getattr(self.drafter, "way", None)
         sync(self.device)
         t1 = time.perf_counter()
         tree = tree.dedup().truncate_depth(self.room()) if len(tree) else tree
@@ -237,4 +240,4 @@ def _steps(loop: _Loop) -> Iterator[Round]:
         depth = int(tree.depth.max()) if len(tree) else 0
         tree_s, mask_s, walk_s = loop.t_tree, loop.t_mask, loop.t_walk
         yield Round(index, tokens, len(tree), depth, len(verdict.path), t1 - t0 - tree_s, t2 - t1 - mask_s - walk_s,
-                    t3 - t2 + walk_s, finish, tree_s + mask_s)
+                    t3 - t2 + walk_s, finish, tree_s + mask_s, way=loop.way)

@@ -22,6 +22,7 @@ class Stats:
     wall_time: float = 0.0
     finish: str | None = None
     prompt_reused: int = 0               # prompt tokens not prefilled: their cache rows were the last turn's
+    ways: Counter = field(default_factory=Counter)  # rounds by how a routing drafter drafted (lookup: true)
 
     def add(self, r: Round) -> None:
         self.new_tokens += len(r.tokens)
@@ -34,6 +35,8 @@ class Stats:
         self.accepted_drafts += r.accepted
         self.drafted += r.drafted
         self.accept_histogram[r.accepted] += 1
+        if r.way:
+            self.ways[r.way] += 1
         self.time_draft += r.t_draft
         self.time_build += r.t_build
         self.time_verify += r.t_verify
@@ -60,6 +63,7 @@ class Stats:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("accept_histogram")
+        d["ways"] = dict(sorted(self.ways.items()))
         for key in ("time_prefill", "time_draft", "time_build", "time_verify", "time_commit"):
             d.pop(key)
         other = max(self.wall_time - self.time_prefill - self.time_draft - self.time_build - self.time_verify, 0.0)
