@@ -93,9 +93,10 @@ class Generator:
     attn_implementation: str = DEFAULT_ATTN
 
     def __post_init__(self):
-        from .assets import DEMO_TARGET, best_method, pair_drafter_for, pair_of_target
+        from .assets import DEMO_TARGET, best_method, local_or_shipped, pair_drafter_for, pair_of_target
 
-        self.target, self.drafter = _named(self.target, "target"), _named(self.drafter, "drafter")
+        self.target = local_or_shipped(self.target, "target")   # the CLI's names (demo, demo/NAME, ...) too
+        self.drafter = local_or_shipped(self.drafter, "drafter")
         pair = pair_of_target(self.target)
         if pair is not None:   # a shipped pair: the drafter of the method's choice comes with it
             self.target = self.target or str(DEMO_TARGET)
@@ -121,12 +122,12 @@ class Generator:
 
     def with_method(self, method: str, drafter: str | None = None, method_options: dict | None = None) -> Generator:
         """Another method on this generator's loaded target, not loaded again (benchmarks compare methods so)."""
-        from .assets import best_method
+        from .assets import best_method, local_or_shipped
 
         other = copy.copy(self)
-        other.drafter, other.method_options = _named(drafter, "drafter"), dict(method_options or {})
-        other.method = best_method(drafter) if method == "auto" else method
-        other.draft_model = build_drafter(other.method, self.model, drafter, other.method_options)
+        other.drafter, other.method_options = local_or_shipped(drafter, "drafter"), dict(method_options or {})
+        other.method = best_method(other.drafter) if method == "auto" else method
+        other.draft_model = build_drafter(other.method, self.model, other.drafter, other.method_options)
         other.verify_cost = other._verify_cost()
         return other
 
@@ -186,16 +187,6 @@ class Generator:
             token_ids.extend(chunk.round.tokens)
             stats, finish = chunk.stats, chunk.finish
         return Completion("".join(parts), token_ids, prompt_ids, stats, finish)
-
-
-def _named(value: str | None, kind: str) -> str | None:
-    """The shipped names the CLI takes (demo, smollm2, demo/NAME, smollm2/NAME) here too; a file or folder of
-    that name wins."""
-    from pathlib import Path
-
-    from .assets import shipped
-
-    return value if not value or Path(value).exists() else shipped(value, kind)
 
 
 def _stop_at(text: str, delta: str, stop: tuple[str, ...]) -> int | None:

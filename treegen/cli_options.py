@@ -242,15 +242,12 @@ def resolve_config(kw: dict) -> presets_mod.Preset:
 def shipped(value: str | None, key: str) -> str | None:
     """Shipped names (demo, smollm2, demo/NAME, smollm2/NAME) on the command line too, as in presets; a file
     or folder of that name here wins."""
-    from .assets import SMOLLM2, NotInstalled, named_checkpoint
+    from .assets import NotInstalled, local_or_shipped
 
-    if not value or Path(value).exists():
-        return value
     try:
-        found = named_checkpoint(value, key)
+        return local_or_shipped(value, key)
     except NotInstalled as err:
         raise OptionError(str(err)) from None
-    return str(found) if found is not None and (found.exists() or value in ("demo", SMOLLM2)) else value
 
 
 def load_kwargs(kw: dict) -> dict:

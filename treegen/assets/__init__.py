@@ -63,6 +63,16 @@ def shipped(name: str, kind: str) -> str:
     return str(found) if found is not None else name
 
 
+def local_or_shipped(value: str | None, kind: str) -> str | None:
+    """What a user's --target / --drafter (or the API's target= / drafter=) names: a file or folder of that
+    name here wins, then a shipped name whose files exist (demo and smollm2 always resolve, so a missing
+    install says so); anything else as given. Raises NotInstalled for smollm2 without its package."""
+    if not value or Path(value).exists():
+        return value
+    found = named_checkpoint(value, kind)
+    return str(found) if found is not None and (found.exists() or value in ("demo", SMOLLM2)) else value
+
+
 # the shipped checkpoint each method reads in a pair's folder (the rest take the DFlash drafter)
 CHECKPOINTS = {"treeflash": "treeflash", "domino": "domino", "dartree": "domino"}
 

@@ -57,13 +57,12 @@ class LookupFirst:
         self.arms: dict[tuple[str, str], Arm] = {}   # (context, way) -> its running rate
         self.pending: tuple[tuple[str, str], float] | None = None   # this round's arm, and when it started
         self.device = None
-        self.drafted = False   # whether the last proposal ran the drafter
         self.way: str | None = None   # how the last proposal drafted (the engine puts it in the Round)
         self.first = True      # the next proposal is the generation's first
 
     @property
     def t_build(self) -> float:   # the engine reads the tree build time of the last proposal
-        return getattr(self.inner, "t_build", 0.0) if self.drafted else 0.0
+        return getattr(self.inner, "t_build", 0.0) if self.way == "tree" else 0.0
 
     @t_build.setter
     def t_build(self, value: float) -> None:
@@ -86,9 +85,9 @@ class LookupFirst:
         n, conts = self.lookup.match(state)
         context = f"match{n}" if conts else "none"   # a 3-gram match predicts more than a 1-gram
         way = self.choose(context, ("lookup", "tree", "plain") if conts else ("tree", "plain"))
-        self.pending, self.drafted, self.way = ((context, way), t0), way == "tree", way
-        if self.first:   # the first pass after a prefill folds the whole prompt in: no way's typical round
-            self.pending, self.first = None, False
+        # the first pass after a prefill folds the whole prompt in: no way's typical round, so it rates none
+        self.pending = None if self.first else ((context, way), t0)
+        self.way, self.first = way, False
         if way == "lookup":
             return trie(conts, state.tokens.device)
         return self.inner.propose(state) if way == "tree" else DraftTree.empty(state.tokens.device)
