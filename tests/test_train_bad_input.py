@@ -93,8 +93,8 @@ def test_sigterm_stops_a_run_at_a_step_boundary(tmp_path):
     import os
     import signal
 
-    from treegen.cli_options import stop_signals
     from treegen.train.common import STOP
+    from treegen.train.guards import stop_signals
 
     with stop_signals():
         os.kill(os.getpid(), signal.SIGTERM)

@@ -180,7 +180,7 @@ class ChatREPL:
         except KeyboardInterrupt:  # Ctrl-C before the reply began streaming (a stream catches its own)
             self.say("(interrupted; the conversation is unchanged)")
         except Exception as err:  # noqa: BLE001 (a bug or a bad value must not take the conversation)
-            from .cli_options import one_line
+            from .cli_errors import one_line
 
             self.say(f"treegen: error: {one_line(err)}")
         return True

@@ -17,7 +17,8 @@ import click
 from . import __version__
 from . import presets as presets_mod
 from .bench.cli import bench
-from .cli_options import Interrupted, check_output_path, clip, common_options, guarded, notice, setup
+from .cli_errors import Interrupted, check_output_path, clip, guarded
+from .cli_options import common_options, notice, setup
 from .train.cli import train
 from .validate import shown_path
 

@@ -3,74 +3,17 @@ config and a loaded Generator. Every option defaults to None, "not given", so th
 decide: no default value is written here."""
 from __future__ import annotations
 
-import functools
 import os
 import re
 import sys
 import time
-import traceback
 from contextlib import contextmanager, nullcontext
-from pathlib import Path
 
 import click
 
 from . import presets as presets_mod
-from .validate import SAMPLING, OptionError, Spec, check_sampling, check_source, shown, shown_path
-
-
-class Failure(click.ClickException):
-    """A runtime error the user can act on: one line, exit status 1."""
-    exit_code = 1
-
-
-class Interrupted(click.ClickException):
-    exit_code = 130
-
-    def __init__(self):
-        super().__init__("interrupted")
-
-
-# errors whose message is written for the user (matched by name: importing loading.py would import torch)
-KNOWN_ERRORS = ("LoadError", "CheckpointError", "CacheError", "ValueError", "OSError")
-MAX_LINE = 300   # an error line is a line: whatever the value that caused it, it is cut here
-
-
-def clip(text: str) -> str:
-    """One line, at most MAX_LINE characters, whatever the message."""
-    text = " ".join(line.strip() for line in str(text).splitlines() if line.strip())
-    return text if len(text) <= MAX_LINE else text[:MAX_LINE - 3] + "..."
-
-
-def one_line(err: BaseException, debug: bool = False) -> str:
-    lines = str(err).strip().splitlines()
-    text = clip(lines[0] if lines else "")
-    if text and any(c.__name__ in KNOWN_ERRORS for c in type(err).__mro__):
-        return text
-    return f"{type(err).__name__}: {text}" + ("" if debug else " (--debug shows the traceback)")
-
-
-@contextmanager
-def failures(debug: bool):
-    """Exceptions from the engine and loaders become one-line failures; --debug adds the traceback."""
-    try:
-        yield
-    except (click.ClickException, click.exceptions.Exit, SystemExit):
-        raise
-    except KeyboardInterrupt:
-        raise Interrupted() from None
-    except Exception as err:
-        if debug:
-            traceback.print_exc()
-        raise Failure(one_line(err, debug)) from err
-
-
-def guarded(f):
-    """Add --debug and turn the command's failures into one-line errors."""
-    @functools.wraps(f)
-    def wrapper(*args, debug: bool, **kwargs):
-        with failures(debug):
-            return f(*args, **kwargs)
-    return click.option("--debug", is_flag=True, help="Show tracebacks of errors.")(wrapper)
+from .cli_errors import Failure, clip
+from .validate import SAMPLING, OptionError, Spec, check_sampling, check_source, shown
 
 
 def _apply(f, options):
@@ -370,80 +313,3 @@ def describe(cfg: presets_mod.Preset, kw: dict) -> str:
              f"method {cfg.method or 'auto'} {dict(cfg.method_options) or ''}".rstrip(),
              f"sampling {cfg.sampling.resolved()}", f"load {load_kwargs(kw) or 'defaults'}"]
     return "; ".join(parts)
-
-
-def check_output_path(path: str | None, flag: str) -> None:
-    """An output file that cannot be written is a usage error found before the run, not after it."""
-    if path in (None, "-"):
-        return
-    if not path.strip():
-        raise click.UsageError(f"{flag} needs a file path (or - for stdout)")
-    p = Path(path).expanduser()
-    parent = p.resolve().parent
-    if p.is_dir():
-        raise click.UsageError(f"{flag} {shown_path(path)}: is a folder; give a file path")
-    if not parent.is_dir():
-        raise click.UsageError(f"{flag} {shown_path(path)}: the folder {shown_path(parent)} does not exist")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise click.UsageError(f"{flag} {shown_path(path)}: not writable")
-
-
-# ---- training commands --------------------------------------------------------------------------------------
-
-def check_training_inputs(source: str | None, data: list[str], out: Path, resume: bool,
-                          needs_config: bool = True) -> None:
-    """What a training run names, checked before anything loads: a usage error (exit 2) otherwise."""
-    from .train.data import DataError, load_stream, read_data
-
-    try:
-        if source is not None:
-            check_source(source, "target", needs_config=needs_config)
-        streams = [load_stream(d) for d in data if d.endswith(".pt")]
-        texts = read_data([d for d in data if not d.endswith(".pt")]) if len(streams) < len(data) else []
-    except (OptionError, DataError, OSError) as err:
-        raise click.UsageError(clip(str(err))) from None
-    if not any(t.strip() for t in texts) and not any(len(s) for s in streams):
-        raise click.UsageError(f"--data {clip(', '.join(data))}: the training text is empty")
-    if out.exists() and not out.is_dir():
-        raise click.UsageError(f"--out {shown_path(out)}: is a file, not a folder")
-    if resume and not out.is_dir():
-        raise click.UsageError(f"--resume: {shown_path(out)} does not exist, so there is nothing to resume")
-
-
-@contextmanager
-def new_folder(out: Path):
-    """A run that fails leaves no empty output folder behind (a folder that existed before is kept)."""
-    existed = out.exists()
-    try:
-        yield
-    except BaseException:
-        if not existed and out.is_dir():
-            for folder in sorted([out, *out.rglob("*")], key=lambda p: len(p.parts), reverse=True):
-                if folder.is_dir() and not any(folder.iterdir()):
-                    folder.rmdir()
-        raise
-
-
-@contextmanager
-def stop_signals():
-    """Ctrl-C or SIGTERM asks a training run to stop after the current step, with a checkpoint; a second
-    Ctrl-C stops at once."""
-    import signal
-
-    from .train.common import STOP
-
-    def ask(signum, frame):
-        if STOP.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        STOP.set()
-        print(f"treegen: {signal.Signals(signum).name}: stopping after this step (Ctrl-C again: now)",
-              file=sys.stderr, flush=True)
-
-    STOP.clear()
-    saved = {sig: signal.signal(sig, ask) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-        STOP.clear()

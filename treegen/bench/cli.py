@@ -73,7 +73,7 @@ treegen bench --target Qwen/Qwen3-8B --methods ar,pld --prompts chat --temperatu
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")
 @click.pass_context
 def bench(ctx, debug, **kw):
-    from ..cli_options import check_output_path, failures
+    from ..cli_errors import check_output_path, failures
 
     if kw["hf_assistant"] and not kw["peers"]:
         raise click.UsageError("--hf-assistant is a peer: drop --no-peers", ctx=ctx)
@@ -89,7 +89,8 @@ def bench(ctx, debug, **kw):
 
 def shipped_names(kw: dict) -> dict:
     """--target/--drafter take the shipped names (demo, smollm2, PAIR/NAME) as chat and complete do."""
-    from ..cli_options import OptionError, shipped
+    from ..cli_options import shipped
+    from ..validate import OptionError
 
     try:
         return {**kw, "target": shipped(kw["target"], "target"), "drafter": shipped(kw["drafter"], "drafter")}
@@ -100,7 +101,7 @@ def shipped_names(kw: dict) -> dict:
 def check_inputs(kw: dict) -> None:
     """Prompts and --methods entries (methods, presets, their options, drafters): a problem is a usage
     error (exit 2), found before any model loads. run_bench() resolves them again, at no cost."""
-    from ..cli_options import clip
+    from ..cli_errors import clip
     from .methods import MethodSpecError, default_methods, resolve, split_list
     from .prompts import PromptError, load_prompts
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..cli_options import Failure, loading_notice
+from ..cli_errors import Failure
+from ..cli_options import loading_notice
 from .methods import MethodSpec, baseline_of, default_methods, local, resolve, split_list
 from .metrics import Result, result
 from .prompts import DEFAULT_PROMPTS, Prompt, load_prompts

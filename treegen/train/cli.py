@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
-from ..cli_options import check_training_inputs, guarded, new_folder, stop_signals
+from ..cli_errors import guarded
 from ..validate import shown
+from .guards import check_training_inputs, new_folder, stop_signals
 
 
 def _log(msg: str) -> None:

@@ -1,0 +1,71 @@
+"""What a training command checks before it loads anything, and how it stops: usage errors for bad inputs,
+no empty output folder left by a failed run, Ctrl-C / SIGTERM as "checkpoint after this step"."""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from ..cli_errors import clip
+from ..validate import OptionError, check_source, shown_path
+
+
+def check_training_inputs(source: str | None, data: list[str], out: Path, resume: bool,
+                          needs_config: bool = True) -> None:
+    """What a training run names, checked before anything loads: a usage error (exit 2) otherwise."""
+    from .data import DataError, load_stream, read_data
+
+    try:
+        if source is not None:
+            check_source(source, "target", needs_config=needs_config)
+        streams = [load_stream(d) for d in data if d.endswith(".pt")]
+        texts = read_data([d for d in data if not d.endswith(".pt")]) if len(streams) < len(data) else []
+    except (OptionError, DataError, OSError) as err:
+        raise click.UsageError(clip(str(err))) from None
+    if not any(t.strip() for t in texts) and not any(len(s) for s in streams):
+        raise click.UsageError(f"--data {clip(', '.join(data))}: the training text is empty")
+    if out.exists() and not out.is_dir():
+        raise click.UsageError(f"--out {shown_path(out)}: is a file, not a folder")
+    if resume and not out.is_dir():
+        raise click.UsageError(f"--resume: {shown_path(out)} does not exist, so there is nothing to resume")
+
+
+@contextmanager
+def new_folder(out: Path):
+    """A run that fails leaves no empty output folder behind (a folder that existed before is kept)."""
+    existed = out.exists()
+    try:
+        yield
+    except BaseException:
+        if not existed and out.is_dir():
+            for folder in sorted([out, *out.rglob("*")], key=lambda p: len(p.parts), reverse=True):
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+        raise
+
+
+@contextmanager
+def stop_signals():
+    """Ctrl-C or SIGTERM asks a training run to stop after the current step, with a checkpoint; a second
+    Ctrl-C stops at once."""
+    import signal
+
+    from .common import STOP
+
+    def ask(signum, frame):
+        if STOP.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        STOP.set()
+        print(f"treegen: {signal.Signals(signum).name}: stopping after this step (Ctrl-C again: now)",
+              file=sys.stderr, flush=True)
+
+    STOP.clear()
+    saved = {sig: signal.signal(sig, ask) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        STOP.clear()
