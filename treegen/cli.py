@@ -275,7 +275,7 @@ def interrupted(cfg, gen, prompt_ids, out: Transcript, stats_json, quiet: bool) 
 def chat(system, **kw):
     """Talk with the target, with its chat template (a plain one for base models).
 
-    Commands: /help /clear /stats /set /exit. Ctrl-C stops the current reply (what came so far stays in
+    Commands: /help /clear /stats /set /save /exit. Ctrl-C stops the current reply (what came so far stays in
     the history); Ctrl-D leaves. A closed stdout (`| head`) ends the session quietly.
     """
     from .chat import ChatREPL, valid_utf8

