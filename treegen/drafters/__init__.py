@@ -42,9 +42,9 @@ def _pld(target, drafter_path, *, max_ngram: int = D.PLD_MAX_NGRAM, min_ngram: i
     return PromptLookupDrafter(max_ngram, min_ngram, draft_len, branches)
 
 
-def _dflash(target, drafter_path):
+def _dflash(target, drafter_path, *, sample: bool = D.CHAIN_SAMPLE):
     from .dflash import DFlashChainDrafter, load_block
-    return DFlashChainDrafter(load_block(target, drafter_path))
+    return DFlashChainDrafter(load_block(target, drafter_path), sample)
 
 
 def _ddtree(target, drafter_path, *, budget: int = D.DDTREE_BUDGET, top_k: int = D.DDTREE_TOP_K):
@@ -60,9 +60,9 @@ def _treeflash(target, drafter_path, *, budget: int = D.TREEFLASH_BUDGET, top_m:
     return TreeFlashDrafter(*load_treeflash_block(target, drafter_path), budget, top_m, top_k, temperature, support)
 
 
-def _domino(target, drafter_path):
+def _domino(target, drafter_path, *, sample: bool = D.CHAIN_SAMPLE):
     from .domino import DominoDrafter, load_head_block
-    return DominoDrafter(*load_head_block(target, drafter_path))
+    return DominoDrafter(*load_head_block(target, drafter_path), sample)
 
 
 def _dartree(target, drafter_path, *, budget: int = D.DARTREE_BUDGET, candidates: int = D.DARTREE_CANDIDATES,

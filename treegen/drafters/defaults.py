@@ -4,6 +4,7 @@ PLD_MIN_NGRAM = 1
 PLD_DRAFT_LEN = 10
 PLD_BRANCHES = 4
 LOOKUP = False          # any drafter's method: prompt-lookup rounds where the text repeats and they pay
+CHAIN_SAMPLE = True     # dflash, domino at T > 0: draw the chain from the draft laws (speculative sampling)
 DDTREE_BUDGET = 64      # nodes verified per round (DDTree's common default)
 AUTO = "auto"           # `budget: auto`: the drafter drafts AUTO_CEILING nodes, the engine trims each round
 AUTO_CEILING = 128      #   to the size with the best expected tokens/s on this hardware (engine/budget.py)

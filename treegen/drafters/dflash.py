@@ -8,7 +8,8 @@ from ..engine.drafter import BuildClock
 from ..engine.tree import DraftTree
 from ..models.checkpoint import check_fits, load_dflash
 from ..models.dflash import ContextKV, DFlashDrafter
-from .base import DraftState
+from . import defaults as D
+from .base import DraftState, sampled_chain
 
 
 class DFlashBlock:
@@ -98,9 +99,21 @@ class BlockDrafter(BuildClock):
 
 
 class DFlashChainDrafter(BlockDrafter):
+    """The argmax chain; with `sample` and T > 0 a chain drawn from the marginals, verified by
+    speculative sampling (accepts x with min(1, p/q), where argmax drafts are accepted with p(x) alone)."""
     name = "dflash"
 
+    def __init__(self, block: DFlashBlock, sample: bool = D.CHAIN_SAMPLE):
+        super().__init__(block)
+        self.sample, self.law = bool(sample), None
+
+    def propose(self, state: DraftState) -> DraftTree:
+        self.law = state if self.sample and state.sampling else None
+        return super().propose(state)
+
     def tree(self, logp: torch.Tensor) -> DraftTree:
+        if self.law is not None:
+            return sampled_chain(logp, self.law)
         best = logp.max(dim=-1)
         return DraftTree.chain(best.indices, best.values.cumsum(0))
 

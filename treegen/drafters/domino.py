@@ -7,7 +7,8 @@ import torch
 
 from ..engine.tree import DraftTree
 from ..models.domino import DominoHead, HeadTables, check_domino_fits, load_domino
-from .base import DraftState
+from . import defaults as D
+from .base import DraftState, draw
 from .dflash import BlockDrafter, DFlashBlock
 
 
@@ -40,26 +41,44 @@ class HeadDrafter(BlockDrafter):
 
 
 class DominoDrafter(HeadDrafter):
+    """The corrected argmax chain; with `sample` and T > 0 each position is drawn from its corrected law,
+    the GRU reading the drawn token, and the chain is verified by speculative sampling."""
     name = "domino"
+
+    def __init__(self, block: DFlashBlock, head: DominoHead, sample: bool = D.CHAIN_SAMPLE):
+        super().__init__(block, head)
+        self.sample, self.law = bool(sample), None
+
+    def propose(self, state: DraftState) -> DraftTree:
+        self.law = state if self.sample and state.sampling else None
+        return super().propose(state)
+
+    def choose(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[k, V] -> the drafts [k] (argmax, or drawn) and their laws (None for argmax)."""
+        if self.law is None:
+            return logits.argmax(-1), None
+        return draw(logits, self.law) if len(logits) else (logits.argmax(-1), logits.softmax(-1))
 
     def draft(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor) -> DraftTree:
         t, depth = self.tables, z.shape[0]
         pure = self.prefix_len(depth)
         z_proj = z @ t.w_z.T                     # the z part of embed_proj.0, once for every position
         logits = base.clone()
-        chosen = [logits[:pure].argmax(-1)]
+        first, law = self.choose(logits[:pure])
+        chosen, laws = [first], [law]
         h = t.root_state(anchor)
         for i in range(pure):                    # the GRU reads the pure-prefix drafts too
-            h = t.gru_step(chosen[0][i:i + 1], h)
+            h = t.gru_step(first[i:i + 1], h)
         for i in range(pure, depth):             # the cheap sequential loop: choose, embed, GRU step
             logits[i] += (t.hidden_part(z_proj[i:i + 1], h) @ t.w2.T)[0].float()
-            tok = logits[i].argmax().view(1)
-            chosen.append(tok)
+            tok, law = self.choose(logits[i:i + 1])
+            chosen.append(tok), laws.append(law)
             if i + 1 < depth:
                 h = t.gru_step(tok, h)
         tokens = torch.cat(chosen)
-        logp = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-        return DraftTree.chain(tokens, logp.cumsum(0))
+        q = None if self.law is None else torch.cat(laws)
+        logp = torch.log_softmax(logits, dim=-1) if q is None else q.clamp_min(1e-30).log()
+        return DraftTree.chain(tokens, logp.gather(1, tokens[:, None])[:, 0].cumsum(0), q)
 
 
 def load_head_block(target, drafter_path: str) -> tuple[DFlashBlock, DominoHead]:

@@ -9,6 +9,7 @@ from typing import Protocol
 
 import torch
 
+from .sampling import Sampler
 from .tree import DraftTree
 
 
@@ -16,6 +17,12 @@ from .tree import DraftTree
 class DraftState:
     tokens: torch.Tensor   # [L] every committed token (prompt + generated); the last one is the anchor
     max_depth: int         # deepest node the engine can still verify (context and max_new_tokens)
+    sampler: Sampler | None = None                 # the target's sampling law (a drafter may sample by it)
+    generator: torch.Generator | None = None       # the generation's random stream (None: torch's global one)
+
+    @property
+    def sampling(self) -> bool:
+        return self.sampler is not None and not self.sampler.greedy
 
 
 class Drafter(Protocol):

@@ -138,7 +138,7 @@ class _Loop:
         if hasattr(self.drafter, "t_build"):
             self.drafter.t_build = 0.0   # a proposal that builds no tree reports none
         t0 = time.perf_counter()
-        tree = self.drafter.propose(DraftState(self.tokens, self.room()))
+        tree = self.drafter.propose(DraftState(self.tokens, self.room(), self.config.sampler, self.generator))
         self.way = getattr(self.drafter, "way", None)
         sync(self.device)
         t1 = time.perf_counter()

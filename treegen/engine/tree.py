@@ -17,10 +17,19 @@ class DraftTree:
     parents: torch.Tensor               # [n] long: parent node index, -1 for a child of the anchor
     depth: torch.Tensor | None = None   # [n] long: 1 for children of the anchor; derived if omitted
     scores: torch.Tensor | None = None  # [n] float: the drafter's path log-prob, if it has one
+    # [n, V] float, a sampled chain only: the law node i's token was drawn from (given the nodes before it);
+    # verification then takes the speculative-sampling rule (engine/verify.py) instead of the deterministic one
+    q: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.tokens.shape != self.parents.shape or self.tokens.dim() != 1:
             raise ValueError("DraftTree tokens and parents must be 1-D tensors of one length")
+        if self.q is not None:
+            n = len(self.tokens)
+            if self.q.dim() != 2 or self.q.shape[0] != n:
+                raise ValueError("DraftTree q must be [n, V]: one draft law per node")
+            if not torch.equal(self.parents.cpu(), torch.arange(-1, n - 1)):
+                raise ValueError("DraftTree q (sampled drafts) is only verified for a chain")
         if self.depth is None:  # frozen dataclass: set the derived field once, here
             object.__setattr__(self, "depth", node_depths(self.parents.tolist(), self.parents.device))
 
@@ -30,10 +39,11 @@ class DraftTree:
         return cls(none, none.clone())
 
     @classmethod
-    def chain(cls, tokens: torch.Tensor, scores: torch.Tensor | None = None) -> DraftTree:
+    def chain(cls, tokens: torch.Tensor, scores: torch.Tensor | None = None,
+              q: torch.Tensor | None = None) -> DraftTree:
         tokens = tokens.long().flatten()
         idx = torch.arange(len(tokens), device=tokens.device)
-        return cls(tokens, idx - 1, idx + 1, scores)
+        return cls(tokens, idx - 1, idx + 1, scores, q)
 
     def __len__(self) -> int:
         return self.tokens.numel()
@@ -78,7 +88,9 @@ class DraftTree:
         parents = self.parents[idx]
         parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
         scores = None if self.scores is None else self.scores[idx]
-        return DraftTree(self.tokens[idx], parents, self.depth[idx], scores)
+        q = None if self.q is None else self.q[idx]   # a chain's prefix-closed subset is a prefix
+        return DraftTree(self.tokens[idx], parents, self.depth[idx], scores, q)
+
 
 def node_depths(parents: list[int], device="cpu") -> torch.Tensor:
     depth: list[int] = []

@@ -1,9 +1,13 @@
 """Lossless verification of a draft tree against the target's logits, in one pass over the tree.
 
-Rule (deterministic drafts, every method here):
+Rule (deterministic drafts, every tree method):
   at each node draw ONE token y from the target's processed distribution (argmax at T=0);
   descend into the child whose token is y; if no child holds y, y is the bonus token and the round ends.
 The drafts only decide which draws get used, never what is drawn, so the output is the target's own.
+
+Rule (a chain sampled from draft laws q, T > 0: speculative sampling):
+  accept draft x with probability min(1, p(x) / q(x)); on the first rejection draw the bonus token from
+  norm(max(p - q, 0)); with every draft accepted, draw it from p at the last row. Each token is then p's.
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ def verify_tree(tree: DraftTree, logits: Logits | torch.Tensor, sampler: Sampler
     them (engine/target.py). The tree must be sibling-deduplicated."""
     if isinstance(logits, torch.Tensor):
         logits = Logits(None, full=logits)
+    if tree.q is not None and not sampler.greedy:
+        return _sampled_chain(tree, logits, sampler, generator)
     tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
     children: dict[tuple[int, int], int] = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}
     draw = _draws(logits, sampler, generator)
@@ -46,3 +52,20 @@ def _draws(logits: Logits, sampler: Sampler, generator):
         draws = sampler.sample(logits.full, generator).tolist()
         return draws.__getitem__
     return lambda row: int(sampler.sample(logits.row(row), generator)[0])
+
+
+def _sampled_chain(tree: DraftTree, logits: Logits, sampler: Sampler, generator) -> Verdict:
+    """Speculative sampling along a chain whose node i was drawn from tree.q[i]."""
+    tokens, path = tree.tokens.tolist(), []
+    for i, x in enumerate(tokens):
+        p, q = sampler.probs(logits.row(i))[0], tree.q[i].to(torch.float32)
+        u = torch.rand((), generator=generator, device=p.device)
+        if u * q[x] < p[x]:   # u < p(x) / q(x), without dividing by a q(x) that may underflow
+            path.append(i)
+            continue
+        residual = (p - q).clamp_min(0)
+        law = residual if residual.sum() > 0 else p   # p == q up to rounding: nothing left to correct
+        bonus = int(torch.multinomial(law, 1, generator=generator))
+        return Verdict(path, tokens[:i] + [bonus], bonus)
+    bonus = int(sampler.sample(logits.row(len(tokens)), generator)[0])
+    return Verdict(path, tokens + [bonus], bonus)

@@ -1,0 +1,119 @@
+"""Sampled chains (`sample: true` of dflash and domino): drafts drawn from laws q and verified by speculative
+sampling keep the target's distribution exactly, whatever q is, including tokens q never proposes; the
+check fails for the classic mistake (drawing a rejection's bonus from p instead of norm(max(p - q, 0))).
+At T=0 the option changes nothing: the argmax chain, equal to plain decoding."""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_sampling_distribution import CONFIGS, PROMPT, VOCAB, chi_square, exact_joint, first_three, prefix_logits
+
+from treegen.engine import verify
+from treegen.engine.tree import DraftTree
+from treegen.engine.verify import Verdict
+
+
+class SampledChainDrafter:
+    """After the first token: a 2-token chain, each drawn from a law q that mixes the target's own with noise
+    and never proposes token 0, the second drawn given the first (as Domino's head draws)."""
+    name = "sampled-chain"
+    target_layer_ids: tuple[int, ...] = ()
+
+    def __init__(self, model):
+        _, self.l2, self.l3 = prefix_logits(model)
+        g = torch.Generator().manual_seed(7)
+        self.noise2, self.noise3 = torch.rand(VOCAB, VOCAB, generator=g), torch.rand(VOCAB, VOCAB, VOCAB, generator=g)
+
+    @staticmethod
+    def law(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        q = 0.5 * logits.softmax(-1) + 0.5 * noise / noise.sum()
+        q[0] = 0.0
+        return q / q.sum()
+
+    def begin(self, prompt, features) -> None:
+        pass
+
+    def commit(self, tokens, features) -> None:
+        pass
+
+    def propose(self, state) -> DraftTree:
+        done = state.tokens.tolist()[len(PROMPT):]
+        if len(done) != 1:
+            return DraftTree.empty()
+        y1 = done[0]
+        q2 = self.law(self.l2[y1], self.noise2[y1])
+        y2 = int(torch.multinomial(q2, 1, generator=state.generator))
+        q3 = self.law(self.l3[y1, y2], self.noise3[y1, y2])
+        y3 = int(torch.multinomial(q3, 1, generator=state.generator))
+        return DraftTree.chain(torch.tensor([y2, y3]), q=torch.stack([q2, q3]))
+
+
+@pytest.fixture(scope="module")
+def target():
+    from test_sampling_distribution import TinyCausalLM
+    return TinyCausalLM().eval()
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_k"])
+def test_sampled_chain_matches_target_distribution(target, name):
+    sampler = CONFIGS[name]
+    counts, deep = first_three(target, SampledChainDrafter(target), sampler, 8_000, seed=23)
+    stat, threshold = chi_square(counts, exact_joint(target, sampler))
+    assert deep > 800, f"both drafts accepted only {deep} times: the test would not exercise the chain"
+    assert stat < threshold, f"{name}: chi-square {stat:.1f} >= {threshold:.1f}"
+
+
+def bonus_from_p(tree, logits, sampler, generator) -> Verdict:
+    """WRONG: a rejected draft's bonus drawn from p itself, which counts p's mass where q already won twice."""
+    tokens, path = tree.tokens.tolist(), []
+    for i, x in enumerate(tokens):
+        p, q = sampler.probs(logits.row(i))[0], tree.q[i]
+        if torch.rand(()) * q[x] < p[x]:
+            path.append(i)
+            continue
+        bonus = int(torch.multinomial(p, 1))
+        return Verdict(path, tokens[:i] + [bonus], bonus)
+    bonus = int(sampler.sample(logits.row(len(tokens)), generator)[0])
+    return Verdict(path, tokens + [bonus], bonus)
+
+
+def test_the_check_sees_a_wrong_residual(target, monkeypatch):
+    monkeypatch.setattr(verify, "_sampled_chain", bonus_from_p)
+    sampler = CONFIGS["temperature"]
+    counts, _ = first_three(target, SampledChainDrafter(target), sampler, 3_000, seed=31)
+    stat, threshold = chi_square(counts, exact_joint(target, sampler))
+    assert stat > threshold, f"the wrong residual passed (chi-square {stat:.1f} < {threshold:.1f})"
+
+
+def test_q_only_on_a_chain():
+    with pytest.raises(ValueError, match="chain"):
+        DraftTree(torch.tensor([1, 2]), torch.tensor([-1, -1]), q=torch.full((2, 4), 0.25))
+    with pytest.raises(ValueError, match=r"\[n, V\]"):
+        DraftTree.chain(torch.tensor([1, 2]), q=torch.full((3, 4), 0.25))
+    chain = DraftTree.chain(torch.tensor([1, 2, 3]), torch.tensor([-1.0, -2.0, -3.0]), q=torch.eye(4)[1:4])
+    assert torch.equal(chain.truncate_depth(2).q, torch.eye(4)[1:3])
+
+
+@pytest.mark.parametrize("method, drafter", [("dflash", "demo"), ("domino", "demo/domino")])
+def test_demo_chains_sample_at_t1_and_not_at_t0(method, drafter, monkeypatch):
+    """On the shipped pair: T=0 with `sample` is the argmax chain (equal to ar); at T=1 every chain carries
+    its laws and every draft was possible under its own law."""
+    import treegen.engine.generate as engine
+    from treegen.api import Generator
+
+    ar = Generator(target="demo", method="ar")
+    gen = ar.with_method(method, drafter, {"sample": True})
+    prompt = "def parse_header(line):\n"
+    greedy = ar.generate(prompt, max_new_tokens=24, temperature=0).token_ids
+    assert gen.generate(prompt, max_new_tokens=24, temperature=0).token_ids == greedy
+    trees = []
+
+    def recording(tree, logits, sampler, generator=None):
+        trees.append(tree)
+        return verify.verify_tree(tree, logits, sampler, generator)
+    monkeypatch.setattr(engine, "verify_tree", recording)
+    out = gen.generate(prompt, max_new_tokens=24, temperature=1.0, seed=5)
+    assert len(out.token_ids) == 24 and trees
+    for tree in (t for t in trees if len(t)):
+        assert tree.q is not None
+        assert bool((tree.q.gather(1, tree.tokens[:, None]) > 0).all())
