@@ -94,7 +94,7 @@ class FixedTreeDrafter:
 
 class OracleTreeDrafter(FixedTreeDrafter):
     """A branching tree around the true continuation: at each level a wrong sibling, its duplicate (which
-    dedup must drop with its subtree), then the true token, corrupted now and then; EXTRA levels deep."""
+    dedup merges into it, subtree and all), then the true token, corrupted now and then; EXTRA levels deep."""
     name = "oracle-tree"
 
     def __init__(self, full: list[int], seed: int = 0, corrupt: float = 0.15):
@@ -115,7 +115,7 @@ class OracleTreeDrafter(FixedTreeDrafter):
             add((wrong + 1) % VOCAB, add(wrong, node))  # its duplicate, with a different child
             guess = wrong if self.rng.random() < self.corrupt else tok
             true_node = add(guess, node)
-            add(wrong, add(guess, node))             # a duplicate of the guess: its subtree must not count
+            add(wrong, add(guess, node))             # a duplicate of the guess: merged into the guess
             node = true_node
         return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
 
@@ -140,7 +140,7 @@ def test_fixed_branching_tree_matches_greedy(model, references):
         out, rounds = run(model, drafter, prompt)
         assert out == ref[:N]
         assert all(r.accepted >= 1 for r in rounds[1:-1]), "every token sits under the anchor: one must be taken"
-        assert all(r.drafted < len(drafter.tree) for r in rounds[1:]), "duplicates were not dropped"
+        assert all(r.drafted < len(drafter.tree) for r in rounds[1:]), "duplicates were not merged"
 
 
 def test_oracle_tree_matches_greedy(model, references):

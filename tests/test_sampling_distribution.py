@@ -109,7 +109,7 @@ def exact_joint(model, sampler: Sampler) -> torch.Tensor:
 
 class TableTreeDrafter:
     """A fixed, hand-built tree per context: the target's two likeliest tokens under each node, two levels
-    deep, plus a duplicate sibling (with its own subtree) and a third level the engine must cut off."""
+    deep, plus a duplicate sibling (with its own subtree, merged) and a third level the engine must cut off."""
     name = "table-tree"
     target_layer_ids: tuple[int, ...] = ()
 
@@ -139,7 +139,7 @@ class TableTreeDrafter:
                 node = add(c, -1)
                 for g in self.top2_3[y1][c]:
                     add((g + 1) % VOCAB, add(g, node))  # the (g + 1) grandchild is one level too deep
-            dup = add(self.top2[y1][0], -1)              # duplicate sibling: dedup must drop it and its subtree
+            dup = add(self.top2[y1][0], -1)              # duplicate sibling: dedup merges it, child and all
             add(self.top2_3[y1][self.top2[y1][0]][0] ^ 1, dup)
         elif len(done) == 2:
             for c in self.top2_3[done[0]][done[1]]:

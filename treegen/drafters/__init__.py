@@ -28,6 +28,7 @@ class Method:
         options = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
         if self.needs_drafter:   # any drafter's method can take prompt-lookup rounds (drafters/lookup.py)
             options["lookup"] = D.LOOKUP
+            options["sample"] = D.SAMPLE   # and, at T > 0, put a chain drawn from its laws first (base.py)
         return options
 
 
@@ -42,9 +43,9 @@ def _pld(target, drafter_path, *, max_ngram: int = D.PLD_MAX_NGRAM, min_ngram: i
     return PromptLookupDrafter(max_ngram, min_ngram, draft_len, branches)
 
 
-def _dflash(target, drafter_path, *, sample: bool = D.CHAIN_SAMPLE):
+def _dflash(target, drafter_path):
     from .dflash import DFlashChainDrafter, load_block
-    return DFlashChainDrafter(load_block(target, drafter_path), sample)
+    return DFlashChainDrafter(load_block(target, drafter_path))
 
 
 def _ddtree(target, drafter_path, *, budget: int = D.DDTREE_BUDGET, top_k: int = D.DDTREE_TOP_K):
@@ -60,9 +61,9 @@ def _treeflash(target, drafter_path, *, budget: int = D.TREEFLASH_BUDGET, top_m:
     return TreeFlashDrafter(*load_treeflash_block(target, drafter_path), budget, top_m, top_k, temperature, support)
 
 
-def _domino(target, drafter_path, *, sample: bool = D.CHAIN_SAMPLE):
+def _domino(target, drafter_path):
     from .domino import DominoDrafter, load_head_block
-    return DominoDrafter(*load_head_block(target, drafter_path), sample)
+    return DominoDrafter(*load_head_block(target, drafter_path))
 
 
 def _dartree(target, drafter_path, *, budget: int = D.DARTREE_BUDGET, candidates: int = D.DARTREE_CANDIDATES,
@@ -144,8 +145,10 @@ def build_drafter(name: str, target, drafter_path: str | None = None, options: d
     options = check_options(method, dict(options or {}))
     if auto_budget(options):  # the drafter drafts its ceiling; the engine trims each round (engine/budget.py)
         options["budget"] = D.AUTO_CEILING
-    lookup = options.pop("lookup", False)
+    lookup, sample = options.pop("lookup", False), options.pop("sample", False)
     drafter = method.build(target, drafter_path, **options)
+    if method.needs_drafter:
+        drafter.sample = sample
     if lookup:
         from .lookup import LookupFirst
         drafter = LookupFirst(drafter)

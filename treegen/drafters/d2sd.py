@@ -24,7 +24,7 @@ from ..engine.tree import DraftTree, merge_paths
 from ..models.checkpoint import CheckpointError
 from ..models.vp_drafter import is_variable_prefix
 from . import defaults as D
-from .base import DraftState
+from .base import DraftState, sampled_chain, with_spine
 from .dflash import DFlashBlock, load_block
 
 
@@ -64,6 +64,7 @@ class D2SDDrafter(BuildClock):
         self.k, self.b2, self.budget = k, b2 or first.block_size, budget
         self.skip_rejected, self.branch = skip_rejected, branch
         self.target_layer_ids = first.target_layer_ids
+        self.sample = D.SAMPLE   # set by build_drafter: at T > 0 a chain drawn from the marginals goes first
 
     def begin(self, prompt, features) -> None:
         self.first.begin(features)
@@ -79,7 +80,8 @@ class D2SDDrafter(BuildClock):
             self.first.hidden(anchor)
             self.vp.run(state.tokens[-1:].view(1, 1))
             return DraftTree.empty(state.tokens.device)
-        probs = torch.softmax(self.first.marginal_logits(anchor, self.first.block_size - 1), dim=-1)
+        marginal = self.first.marginal_logits(anchor, self.first.block_size - 1)
+        probs = torch.softmax(marginal, dim=-1)
         conf, draft = probs.max(dim=-1)                                        # [B-1]
         if self.branch == "token":
             points, alts, alt_probs = alternative_points(probs, conf, self.k)
@@ -94,8 +96,13 @@ class D2SDDrafter(BuildClock):
         if self.b2 == self.first.block_size:  # the first draft is a path of its own, listed first
             tokens, scores = torch.cat([draft[None], tokens]), torch.cat([conf.log().cumsum(0)[None], scores])
             lengths = torch.cat([lengths.new_tensor([draft.numel()]), lengths])
+        if not (self.sample and state.sampling):
+            with self.building(tokens.device):
+                return keep_best(merge_paths(tokens, lengths, scores), self.budget)
+        spine = sampled_chain(marginal, state)   # drawn first; the branches catch the residual draws
         with self.building(tokens.device):
-            return keep_best(merge_paths(tokens, lengths, scores), self.budget)
+            budget = max(self.budget - len(spine), 1) if self.budget else 0
+            return with_spine(spine, keep_best(merge_paths(tokens, lengths, scores), budget))
 
     def branches(self, anchor: int, draft: torch.Tensor, conf: torch.Tensor, points: torch.Tensor,
                  alts: torch.Tensor, alt_probs: torch.Tensor):

@@ -16,6 +16,7 @@ import torch
 
 from ..engine.tree import DraftTree
 from . import defaults as D
+from .base import with_spine
 from .dflash import DFlashBlock
 from .domino import HeadDrafter
 
@@ -46,6 +47,12 @@ class DARTreeDrafter(HeadDrafter):
         return self.width
 
     def draft(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor) -> DraftTree:
+        if self.law is None:
+            return self.grow(anchor, z, base, self.budget)
+        spine = self.chain(anchor, z, base)      # Domino's drawn chain first, the tree on the residual draws
+        return with_spine(spine, self.grow(anchor, z, base, max(self.budget - len(spine), 1)))
+
+    def grow(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor, budget: int) -> DraftTree:
         t, depth = self.tables, z.shape[0]
         pure = self.prefix_len(depth)
         support = min(self.candidates, base.shape[-1])
@@ -57,7 +64,7 @@ class DARTreeDrafter(HeadDrafter):
         parent = torch.full((1,), -1, dtype=torch.long, device=z.device)
         score = torch.zeros(1, device=z.device)
         tokens, parents, scores, depths = [], [], [], []
-        made, remaining = 0, self.budget
+        made, remaining = 0, budget
         for d in range(depth):
             quota = self.quota(remaining, depth - d)
             if quota < 1:
@@ -79,15 +86,15 @@ class DARTreeDrafter(HeadDrafter):
                 h = t.gru_step(kept, h[rows])                         # the children's states, one batched cell
         with self.building(z.device):
             tree = DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(depths), torch.cat(scores))
-            return self.prune(tree) if self.variant == "pruned" else tree
+            return self.prune(tree, budget) if self.variant == "pruned" else tree
 
-    def prune(self, tree: DraftTree) -> DraftTree:
+    def prune(self, tree: DraftTree, budget: int) -> DraftTree:
         """The global top-`budget` of the width-limited supertree by score + depth_bonus x depth."""
-        if len(tree) <= self.budget:
+        if len(tree) <= budget:
             return tree
         adjusted = tree.scores + self.depth_bonus * tree.depth
         order = torch.sort(adjusted, descending=True, stable=True).indices  # ties: lower index (parent) first
-        keep = order[:self.budget].sort().values                   # original order: parents before children
+        keep = order[:budget].sort().values                   # original order: parents before children
         remap = torch.full((len(tree),), -1, dtype=torch.long, device=keep.device)
         remap[keep] = torch.arange(len(keep), device=keep.device)
         parents = tree.parents[keep]

@@ -6,6 +6,7 @@ import torch
 
 from ..engine.tree import DraftTree
 from . import defaults as D
+from .base import sampled_chain, with_spine
 from .best_first import marginal_tree
 from .dflash import BlockDrafter, DFlashBlock
 
@@ -22,4 +23,7 @@ class DDTreeDrafter(BlockDrafter):
 
     def tree(self, logp: torch.Tensor) -> DraftTree:
         top = torch.topk(logp, min(self.top_k, logp.shape[-1]), dim=-1)
-        return marginal_tree(top.values, top.indices, self.budget)
+        if self.law is None:
+            return marginal_tree(top.values, top.indices, self.budget)
+        spine = sampled_chain(logp, self.law)
+        return with_spine(spine, marginal_tree(top.values, top.indices, max(self.budget - len(spine), 1)))

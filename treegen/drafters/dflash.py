@@ -73,6 +73,7 @@ class BlockDrafter(BuildClock):
     def __init__(self, block: DFlashBlock):
         self.block = block
         self.target_layer_ids = block.target_layer_ids
+        self.sample, self.law = D.SAMPLE, None   # `sample` (set by build_drafter); this round's law, if drawing
 
     def begin(self, prompt, features) -> None:
         self.block.begin(features)
@@ -80,7 +81,12 @@ class BlockDrafter(BuildClock):
     def commit(self, tokens, features) -> None:
         self.block.commit(features)
 
+    def sampling(self, state: DraftState) -> DraftState | None:
+        """The round's state when its drafts are drawn (`sample` and T > 0), else None."""
+        return state if self.sample and state.sampling else None
+
     def propose(self, state: DraftState) -> DraftTree:
+        self.law = self.sampling(state)
         depth = min(self.block.block_size - 1, state.max_depth)
         if depth < 1:  # nothing fits; the context still has to reach the drafter's cache
             self.block.hidden(int(state.tokens[-1]))
@@ -102,14 +108,6 @@ class DFlashChainDrafter(BlockDrafter):
     """The argmax chain; with `sample` and T > 0 a chain drawn from the marginals, verified by
     speculative sampling (accepts x with min(1, p/q), where argmax drafts are accepted with p(x) alone)."""
     name = "dflash"
-
-    def __init__(self, block: DFlashBlock, sample: bool = D.CHAIN_SAMPLE):
-        super().__init__(block)
-        self.sample, self.law = bool(sample), None
-
-    def propose(self, state: DraftState) -> DraftTree:
-        self.law = state if self.sample and state.sampling else None
-        return super().propose(state)
 
     def tree(self, logp: torch.Tensor) -> DraftTree:
         if self.law is not None:

@@ -7,7 +7,6 @@ import torch
 
 from ..engine.tree import DraftTree
 from ..models.domino import DominoHead, HeadTables, check_domino_fits, load_domino
-from . import defaults as D
 from .base import DraftState, draw
 from .dflash import BlockDrafter, DFlashBlock
 
@@ -23,6 +22,7 @@ class HeadDrafter(BlockDrafter):
         self.max_drafts = self.head.drafts(block.block_size)
 
     def propose(self, state: DraftState) -> DraftTree:
+        self.law = self.sampling(state)
         depth = min(self.max_drafts, state.max_depth)
         hidden = self.block.hidden(int(state.tokens[-1]))  # folds the new context into the cache either way
         if depth < 1:
@@ -39,27 +39,14 @@ class HeadDrafter(BlockDrafter):
         """Drafts scored by the base logits alone (the published pure_draft_prefix_len), within depth."""
         return min(self.head.pure_draft_prefix_len, depth)
 
-
-class DominoDrafter(HeadDrafter):
-    """The corrected argmax chain; with `sample` and T > 0 each position is drawn from its corrected law,
-    the GRU reading the drawn token, and the chain is verified by speculative sampling."""
-    name = "domino"
-
-    def __init__(self, block: DFlashBlock, head: DominoHead, sample: bool = D.CHAIN_SAMPLE):
-        super().__init__(block, head)
-        self.sample, self.law = bool(sample), None
-
-    def propose(self, state: DraftState) -> DraftTree:
-        self.law = state if self.sample and state.sampling else None
-        return super().propose(state)
-
     def choose(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[k, V] -> the drafts [k] (argmax, or drawn) and their laws (None for argmax)."""
+        """[k, V] -> the drafts [k] (argmax, or drawn by this round's law) and their laws (None: argmax)."""
         if self.law is None:
             return logits.argmax(-1), None
         return draw(logits, self.law) if len(logits) else (logits.argmax(-1), logits.softmax(-1))
 
-    def draft(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor) -> DraftTree:
+    def chain(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor) -> DraftTree:
+        """Domino's chain: choose, embed, GRU step; drawn (with its laws) when this round samples."""
         t, depth = self.tables, z.shape[0]
         pure = self.prefix_len(depth)
         z_proj = z @ t.w_z.T                     # the z part of embed_proj.0, once for every position
@@ -79,6 +66,15 @@ class DominoDrafter(HeadDrafter):
         q = None if self.law is None else torch.cat(laws)
         logp = torch.log_softmax(logits, dim=-1) if q is None else q.clamp_min(1e-30).log()
         return DraftTree.chain(tokens, logp.gather(1, tokens[:, None])[:, 0].cumsum(0), q)
+
+
+class DominoDrafter(HeadDrafter):
+    """The corrected argmax chain; with `sample` and T > 0 each position is drawn from its corrected law,
+    the GRU reading the drawn token, and the chain is verified by speculative sampling."""
+    name = "domino"
+
+    def draft(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor) -> DraftTree:
+        return self.chain(anchor, z, base)
 
 
 def load_head_block(target, drafter_path: str) -> tuple[DFlashBlock, DominoHead]:

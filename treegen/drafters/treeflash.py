@@ -16,6 +16,7 @@ import torch
 from ..engine.tree import DraftTree
 from ..models.treeflash import TreeFlashModel, fits, load_treeflash
 from . import defaults as D
+from .base import sampled_chain, with_spine
 from .best_first import best_first
 from .dflash import BlockDrafter, DFlashBlock
 
@@ -57,8 +58,13 @@ class TreeFlashDrafter(BlockDrafter):
     def draft(self, anchor: int, depth: int) -> DraftTree:
         hidden = self.block.hidden(anchor, normed=False)[1:1 + depth]   # [D, H] before the final norm
         tables = self.tables(hidden, anchor)
+        if self.law is None:
+            with self.building(hidden.device):
+                return best_first(*tables, self.budget)
+        # sampling: a chain drawn from the marginals first, the tree on the residual draws
+        spine = sampled_chain(self.block.lm_head(self.model.model.norm(hidden)).float(), self.law)
         with self.building(hidden.device):
-            return best_first(*tables, self.budget)
+            return with_spine(spine, best_first(*tables, max(self.budget - len(spine), 1)))
 
     @torch.no_grad()
     def tables(self, hidden: torch.Tensor, anchor: int):

@@ -17,19 +17,19 @@ class DraftTree:
     parents: torch.Tensor               # [n] long: parent node index, -1 for a child of the anchor
     depth: torch.Tensor | None = None   # [n] long: 1 for children of the anchor; derived if omitted
     scores: torch.Tensor | None = None  # [n] float: the drafter's path log-prob, if it has one
-    # [n, V] float, a sampled chain only: the law node i's token was drawn from (given the nodes before it);
-    # verification then takes the speculative-sampling rule (engine/verify.py) instead of the deterministic one
+    # [s, V] float: the first s nodes are a chain drawn from these laws (node i from q[i], given the nodes
+    # before it), verified by speculative sampling (engine/verify.py); every other node is deterministic
     q: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.tokens.shape != self.parents.shape or self.tokens.dim() != 1:
             raise ValueError("DraftTree tokens and parents must be 1-D tensors of one length")
         if self.q is not None:
-            n = len(self.tokens)
-            if self.q.dim() != 2 or self.q.shape[0] != n:
-                raise ValueError("DraftTree q must be [n, V]: one draft law per node")
-            if not torch.equal(self.parents.cpu(), torch.arange(-1, n - 1)):
-                raise ValueError("DraftTree q (sampled drafts) is only verified for a chain")
+            s = self.q.shape[0]
+            if self.q.dim() != 2 or s > len(self.tokens):
+                raise ValueError("DraftTree q must be [s, V], s <= n: one law per sampled node")
+            if not torch.equal(self.parents[:s].cpu(), torch.arange(-1, s - 1)):
+                raise ValueError("DraftTree q: the sampled nodes must be the first s, as a chain")
         if self.depth is None:  # frozen dataclass: set the derived field once, here
             object.__setattr__(self, "depth", node_depths(self.parents.tolist(), self.parents.device))
 
@@ -49,24 +49,24 @@ class DraftTree:
         return self.tokens.numel()
 
     def dedup(self) -> DraftTree:
-        """Drop a node whose parent already has a child with the same token, and its whole subtree."""
+        """The same root paths as a trie: a node whose parent already has a child with its token is merged
+        into that earlier twin, its children moving under it (the first stays: a drawn chain's node wins
+        over a deterministic twin and takes the twin's subtree). Order is kept, parents before children."""
         parents, tokens = self.parents.tolist(), self.tokens.tolist()
-        keep, new_index, seen = [], {}, set()
+        keep, node_of, first = [], {}, {}   # kept old indices; old index -> new index; (new parent, token) -> new
         for i, (p, t) in enumerate(zip(parents, tokens)):
-            if p != -1 and p not in new_index:
-                continue  # an ancestor was dropped
-            if (p, t) in seen:
-                continue
-            seen.add((p, t))
-            new_index[i] = len(keep)
-            keep.append(i)
+            key = (node_of[p] if p >= 0 else -1, t)
+            if key not in first:
+                first[key] = len(keep)
+                keep.append(i)
+            node_of[i] = first[key]
         if len(keep) == len(tokens):
             return self
         idx = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
-        new_parents = torch.tensor([new_index.get(parents[i], -1) for i in keep], dtype=torch.long,
-                                   device=self.tokens.device)
+        new_parents = torch.tensor([node_of[parents[i]] if parents[i] >= 0 else -1 for i in keep],
+                                   dtype=torch.long, device=self.tokens.device)
         scores = None if self.scores is None else self.scores[idx]
-        return DraftTree(self.tokens[idx], new_parents, self.depth[idx], scores)
+        return DraftTree(self.tokens[idx], new_parents, self.depth[idx], scores, self.q)   # the chain comes first
 
     def truncate_depth(self, max_depth: int) -> DraftTree:
         """Keep the nodes no deeper than max_depth (a prefix-closed subset, so parents stay valid)."""
@@ -88,7 +88,7 @@ class DraftTree:
         parents = self.parents[idx]
         parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
         scores = None if self.scores is None else self.scores[idx]
-        q = None if self.q is None else self.q[idx]   # a chain's prefix-closed subset is a prefix
+        q = None if self.q is None else self.q[:int((idx < len(self.q)).sum())]   # kept: a prefix of the chain
         return DraftTree(self.tokens[idx], parents, self.depth[idx], scores, q)
 
 

@@ -5,9 +5,10 @@ Rule (deterministic drafts, every tree method):
   descend into the child whose token is y; if no child holds y, y is the bonus token and the round ends.
 The drafts only decide which draws get used, never what is drawn, so the output is the target's own.
 
-Rule (a chain sampled from draft laws q, T > 0: speculative sampling):
-  accept draft x with probability min(1, p(x) / q(x)); on the first rejection draw the bonus token from
-  norm(max(p - q, 0)); with every draft accepted, draw it from p at the last row. Each token is then p's.
+Rule (T > 0, a node whose first child x was drawn from a law q: speculative sampling, then the above):
+  accept x with probability min(1, p(x) / q(x)); if rejected, draw y from norm(max(p - q, 0)) instead
+  of from p, and go on as above (descend into a deterministic child equal to y, or end with y).
+Either way the token taken at a node is distributed as p, so the output is the target's own.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def verify_tree(tree: DraftTree, logits: Logits | torch.Tensor, sampler: Sampler
     if isinstance(logits, torch.Tensor):
         logits = Logits(None, full=logits)
     if tree.q is not None and not sampler.greedy:
-        return _sampled_chain(tree, logits, sampler, generator)
+        return _walk_with_laws(tree, logits, sampler, generator)
     tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
     children: dict[tuple[int, int], int] = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}
     draw = _draws(logits, sampler, generator)
@@ -54,18 +55,23 @@ def _draws(logits: Logits, sampler: Sampler, generator):
     return lambda row: int(sampler.sample(logits.row(row), generator)[0])
 
 
-def _sampled_chain(tree: DraftTree, logits: Logits, sampler: Sampler, generator) -> Verdict:
-    """Speculative sampling along a chain whose node i was drawn from tree.q[i]."""
-    tokens, path = tree.tokens.tolist(), []
-    for i, x in enumerate(tokens):
-        p, q = sampler.probs(logits.row(i))[0], tree.q[i].to(torch.float32)
-        u = torch.rand((), generator=generator, device=p.device)
-        if u * q[x] < p[x]:   # u < p(x) / q(x), without dividing by a q(x) that may underflow
-            path.append(i)
-            continue
-        residual = (p - q).clamp_min(0)
-        law = residual if residual.sum() > 0 else p   # p == q up to rounding: nothing left to correct
-        bonus = int(torch.multinomial(law, 1, generator=generator))
-        return Verdict(path, tokens[:i] + [bonus], bonus)
-    bonus = int(sampler.sample(logits.row(len(tokens)), generator)[0])
-    return Verdict(path, tokens + [bonus], bonus)
+def _walk_with_laws(tree: DraftTree, logits: Logits, sampler: Sampler, generator) -> Verdict:
+    """The walk when the first len(tree.q) nodes are a chain drawn from tree.q (T > 0)."""
+    tokens, parents, sampled = tree.tokens.tolist(), tree.parents.tolist(), len(tree.q)
+    children = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens)) if i >= sampled}
+    path, node = [], -1
+    while True:
+        p = law = sampler.probs(logits.row(node + 1))[0]
+        if node + 1 < sampled:   # the anchor or a chain node: its first child is the chain's next node
+            q, x = tree.q[node + 1].to(torch.float32), tokens[node + 1]
+            if torch.rand((), generator=generator, device=p.device) * q[x] < p[x]:   # u < p(x) / q(x)
+                node += 1
+                path.append(node)
+                continue
+            residual = (p - q).clamp_min(0)
+            law = residual if residual.sum() > 0 else p   # p == q up to rounding: nothing left to correct
+        y = int(torch.multinomial(law, 1, generator=generator))
+        if (node, y) not in children:
+            return Verdict(path, [tokens[i] for i in path] + [y], y)
+        node = children[(node, y)]
+        path.append(node)
