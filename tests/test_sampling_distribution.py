@@ -259,7 +259,10 @@ def test_wrong_verifiers_fail_the_check(target, monkeypatch, wrong, name):
     monkeypatch.setattr(engine, "verify_tree", wrong)
     sampler = CONFIGS[name]
     counts, _ = first_three(target, TableTreeDrafter(target), sampler, 1_500, seed=11)
-    stat, threshold = chi_square(counts, exact_joint(target, sampler))
+    try:
+        stat, threshold = chi_square(counts, exact_joint(target, sampler))
+    except AssertionError:   # it generated a token the processed distribution excludes: caught as well
+        return
     assert stat > threshold, f"{wrong.__name__} passed (chi-square {stat:.1f} < {threshold:.1f}): the check is blind"
 
 
