@@ -7,18 +7,26 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_sampling_distribution import CONFIGS, PROMPT, VOCAB, chi_square, exact_joint, first_three, prefix_logits
+from test_sampling_distribution import (
+    CONFIGS,
+    PROMPT,
+    VOCAB,
+    ContextFreeDrafter,
+    chi_square,
+    exact_joint,
+    first_three,
+    prefix_logits,
+)
 
 from treegen.engine import verify
 from treegen.engine.tree import DraftTree
 from treegen.engine.verify import Verdict
 
 
-class SampledChainDrafter:
+class SampledChainDrafter(ContextFreeDrafter):
     """After the first token: a 2-token chain, each drawn from a law q that mixes the target's own with noise
     and never proposes token 0, the second drawn given the first (as Domino's head draws)."""
     name = "sampled-chain"
-    target_layer_ids: tuple[int, ...] = ()
 
     def __init__(self, model, siblings: bool = False):
         _, self.l2, self.l3 = prefix_logits(model)
@@ -31,12 +39,6 @@ class SampledChainDrafter:
         q = 0.5 * logits.softmax(-1) + 0.5 * noise / noise.sum()
         q[0] = 0.0
         return q / q.sum()
-
-    def begin(self, prompt, features) -> None:
-        pass
-
-    def commit(self, tokens, features) -> None:
-        pass
 
     def propose(self, state) -> DraftTree:
         done = state.tokens.tolist()[len(PROMPT):]

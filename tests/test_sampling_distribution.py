@@ -107,22 +107,26 @@ def exact_joint(model, sampler: Sampler) -> torch.Tensor:
     return (p1[:, None, None] * p2[:, :, None] * p3).flatten()
 
 
-class TableTreeDrafter:
-    """A fixed, hand-built tree per context: the target's two likeliest tokens under each node, two levels
-    deep, plus a duplicate sibling (with its own subtree, merged) and a third level the engine must cut off."""
-    name = "table-tree"
+class ContextFreeDrafter:
+    """A test drafter that keeps no context: begin and commit do nothing."""
     target_layer_ids: tuple[int, ...] = ()
-
-    def __init__(self, model):
-        _, l2, l3 = prefix_logits(model)
-        self.top2 = l2.topk(2, dim=-1).indices.tolist()       # [y1] -> two guesses for y2
-        self.top2_3 = l3.topk(2, dim=-1).indices.tolist()     # [y1][y2] -> two guesses for y3
 
     def begin(self, prompt, features) -> None:
         pass
 
     def commit(self, tokens, features) -> None:
         pass
+
+
+class TableTreeDrafter(ContextFreeDrafter):
+    """A fixed, hand-built tree per context: the target's two likeliest tokens under each node, two levels
+    deep, plus a duplicate sibling (with its own subtree, merged) and a third level the engine must cut off."""
+    name = "table-tree"
+
+    def __init__(self, model):
+        _, l2, l3 = prefix_logits(model)
+        self.top2 = l2.topk(2, dim=-1).indices.tolist()       # [y1] -> two guesses for y2
+        self.top2_3 = l3.topk(2, dim=-1).indices.tolist()     # [y1][y2] -> two guesses for y3
 
     def propose(self, state) -> DraftTree:
         done = state.tokens.tolist()[len(PROMPT):]
