@@ -57,22 +57,25 @@ class TreeFlashDrafter(BlockDrafter):
 
     def draft(self, anchor: int, depth: int) -> DraftTree:
         hidden = self.block.hidden(anchor, normed=False)[1:1 + depth]   # [D, H] before the final norm
-        tables = self.tables(hidden, anchor)
+        marginal = self.block.lm_head(self.model.model.norm(hidden)).float()        # [D, V]
+        tables = self.tables(hidden, anchor, marginal)
         if self.law is None:
             with self.building(hidden.device):
                 return best_first(*tables, self.budget)
-        # sampling: a chain drawn from the marginals first, the tree on the residual draws
-        spine = sampled_chain(self.block.lm_head(self.model.model.norm(hidden)).float(), self.law)
+        # sampling: a chain drawn from the same marginals first, the tree on the residual draws
+        spine = sampled_chain(marginal, self.law)
         with self.building(hidden.device):
             return with_spine(spine, best_first(*tables, max(self.budget - len(spine), 1)))
 
     @torch.no_grad()
-    def tables(self, hidden: torch.Tensor, anchor: int):
-        """Per (depth, candidate previous token): conditional top-k log-probs, tokens, next-depth links."""
+    def tables(self, hidden: torch.Tensor, anchor: int, marginal: torch.Tensor | None = None):
+        """Per (depth, candidate previous token): conditional top-k log-probs, tokens, next-depth links.
+        `marginal`: the block's [D, V] marginal logits, if the caller made them already."""
         depth, m = hidden.shape[0], self.top_m
         head, final_norm = self.model.ar_approximation, self.model.model.norm
         normed = final_norm(hidden)
-        marginal = self.block.lm_head(normed).float()                               # [D, V]
+        if marginal is None:
+            marginal = self.block.lm_head(normed).float()                           # [D, V]
         top_m = marginal.topk(m, dim=-1).indices                                     # [D, m]
         # depth 0 has one candidate (the anchor); depth j > 0 has depth j-1's top-m
         prev = torch.cat([torch.tensor([anchor], device=hidden.device), top_m[:-1].flatten()])
