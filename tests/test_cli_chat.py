@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 
 import pexpect
@@ -21,11 +22,17 @@ def long_context_target(tiny_model_dir, tmp_path):
     return folder
 
 
+def default_sigint() -> None:
+    """A shell starts a background job (`pytest ... &`) with SIGINT ignored, and a child inherits that: Python
+    then installs no KeyboardInterrupt handler and Ctrl-C does nothing. A terminal user's chat has the default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_chat_session_in_a_terminal(long_context_target):
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"}
     child = pexpect.spawn(sys.executable, ["-m", "treegen.cli", "chat", "--target", str(long_context_target),
                                            "-n", "6", "--method", "pld", "--system", "Be brief."],
-                          env=env, encoding="utf-8", timeout=90, dimensions=(40, 120))
+                          env=env, encoding="utf-8", timeout=90, dimensions=(40, 120), preexec_fn=default_sigint)
     try:
         child.expect_exact("Ctrl-D to exit")
         for message in ("hello there", "and once more"):
