@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from treegen.drafters import build_drafter
 from treegen.engine.generate import GenerationConfig, generate
@@ -114,15 +116,28 @@ def test_bad_dtype_and_device(tiny_model_dir):
     one_line_load_error(str(tiny_model_dir), "choose one of", device="cpu", load_in_8bit=True, load_in_4bit=True)
 
 
+@pytest.fixture(scope="module")
+def wide_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny target at hidden size 64: bitsandbytes 0.50.2's CPU 4-bit kernel needs every input width to
+    hold a whole 64-wide quantisation block (at 32 it fails reshaping the block scales)."""
+    from conftest import tiny_qwen3
+
+    out = tmp_path_factory.mktemp("wide-target")
+    shutil.copytree(tiny_model_dir, out, dirs_exist_ok=True)
+    model = tiny_qwen3(vocab=AutoConfig.from_pretrained(tiny_model_dir).vocab_size, hidden=64)
+    model.save_pretrained(out)
+    return out
+
+
 @pytest.mark.parametrize("bits", [4, 8])
-def test_bitsandbytes_on_cpu(tiny_model_dir, bits):
+def test_bitsandbytes_on_cpu(wide_model_dir, bits):
     """bitsandbytes 0.50 has CPU kernels: 4-bit (nf4) and 8-bit load and decode through the engine."""
     pytest.importorskip("bitsandbytes")
     import bitsandbytes as bnb
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # 8-bit casts fp32 inputs to fp16, with a warning per call
-        model, tok = load_target(str(tiny_model_dir), device="cpu", load_in_4bit=bits == 4,
+        model, tok = load_target(str(wide_model_dir), device="cpu", load_in_4bit=bits == 4,
                                  load_in_8bit=bits == 8)
         layer = (bnb.nn.Linear4bit if bits == 4 else bnb.nn.Linear8bitLt)
         assert isinstance(model.model.layers[0].self_attn.q_proj, layer)
