@@ -151,10 +151,11 @@ class TableTreeDrafter(ContextFreeDrafter):
         return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
 
 
-def first_three(model, drafter, sampler: Sampler, n: int, seed: int) -> tuple[torch.Tensor, int]:
-    """Counts [V**3] of the first three tokens over n generations, and how many took both depth-2 drafts."""
+def first_three(model, drafter, sampler: Sampler, n: int, seed: int, verify_cost=None) -> tuple[torch.Tensor, int]:
+    """Counts [V**3] of the first three tokens over n generations, and how many took both depth-2 drafts.
+    verify_cost: trim each tree as `budget: auto` does, by these forward times."""
     torch.manual_seed(seed)  # seed=None below: every generation draws from this one global stream
-    config = GenerationConfig(max_new_tokens=4, sampler=sampler)
+    config = GenerationConfig(max_new_tokens=4, sampler=sampler, verify_cost=verify_cost)
     counts, deep = torch.zeros(VOCAB ** 3, dtype=torch.float64), 0
     for _ in range(n):
         out, rounds = [], generate(model, drafter, torch.tensor(PROMPT), config)

@@ -20,6 +20,7 @@ class Method:
     description: str
     build: Callable[..., Any]   # build(target_model, drafter_path, **options) -> Drafter
     needs_drafter: bool = False
+    tree: bool = False          # drafts a tree: at T > 0 its drawn chain gets drawn siblings (`draws`)
 
     @property
     def options(self) -> dict[str, Any]:
@@ -29,6 +30,8 @@ class Method:
         if self.needs_drafter:   # any drafter's method can take prompt-lookup rounds (drafters/lookup.py)
             options["lookup"] = D.LOOKUP
             options["sample"] = D.SAMPLE   # and, at T > 0, put a chain drawn from its laws first (base.py)
+            # with that many drawn children at depth 1, halving with depth: trees only, by default
+            options["draws"] = D.TREE_DRAWS if self.tree else D.DRAWS
         return options
 
 
@@ -90,13 +93,14 @@ def register(method: Method) -> None:
 register(Method("ar", "plain decoding, no drafts (the baseline of every speedup)", _ar))
 register(Method("pld", "prompt lookup: n-gram matches in the text so far, as a chain or a tree", _pld))
 register(Method("dflash", "DFlash block diffusion: one drafter pass, a chain of B-1 tokens", _dflash, True))
-register(Method("ddtree", "marginal tree from one DFlash pass, best-first to a node budget", _ddtree, True))
+register(Method("ddtree", "marginal tree from one DFlash pass, best-first to a node budget", _ddtree, True, True))
 register(Method("treeflash", "TreeFlash: each depth conditioned on the token before it by a small head, one pass",
-                _treeflash, True))
+                _treeflash, True, True))
 register(Method("domino", "DFlash pass + Domino's GRU correction head along the chain", _domino, True))
-register(Method("dartree", "Domino's head grown into a tree, all parents of a depth scored at once", _dartree, True))
+register(Method("dartree", "Domino's head grown into a tree, all parents of a depth scored at once", _dartree, True,
+                True))
 register(Method("d2sd", "DFlash chain plus K re-drafts by a variable-prefix drafter from its likeliest "
-                        "rejection points, merged into one tree", _d2sd, True))
+                        "rejection points, merged into one tree", _d2sd, True, True))
 
 
 def get_method(name: str) -> Method:
@@ -117,7 +121,7 @@ def check_options(method: Method, options: dict[str, Any]) -> dict[str, Any]:
         if not _type_ok(value, known[key]):
             raise MethodError(f"method {method.name!r} option {key!r} must be {type(known[key]).__name__}, "
                               f"got {shown(value)}")
-        low = D.MINIMUM.get((method.name, key))
+        low = 1 if key == "draws" else D.MINIMUM.get((method.name, key))
         if low is not None and isinstance(value, (int, float)) and value < low:  # types: the drafter says
             raise MethodError(f"method {method.name!r} option {key!r} must be >= {low}, got {shown(value)}")
     return {**known, **options}
@@ -145,10 +149,10 @@ def build_drafter(name: str, target, drafter_path: str | None = None, options: d
     options = check_options(method, dict(options or {}))
     if auto_budget(options):  # the drafter drafts its ceiling; the engine trims each round (engine/budget.py)
         options["budget"] = D.AUTO_CEILING
-    lookup, sample = options.pop("lookup", False), options.pop("sample", False)
+    lookup, sample, draws = options.pop("lookup", False), options.pop("sample", False), options.pop("draws", 1)
     drafter = method.build(target, drafter_path, **options)
     if method.needs_drafter:
-        drafter.sample = sample
+        drafter.sample, drafter.draws = sample, draws
     if lookup:
         from .lookup import LookupFirst
         drafter = LookupFirst(drafter)

@@ -1,11 +1,13 @@
 """The Drafter protocol lives in the engine (treegen.engine.drafter); drafters import it from here too.
-Also: drawing a chain from draft laws, for the chain methods' `sample: true` at T > 0."""
+Also: drawing a chain from draft laws (`sample: true` at T > 0), with `draws` children per depth."""
+import itertools
+
 import torch
 
 from ..engine.drafter import Drafter, DraftState
-from ..engine.tree import DraftTree
+from ..engine.tree import DraftTree, widths
 
-__all__ = ["DraftState", "Drafter", "draw", "sampled_chain", "with_spine"]
+__all__ = ["DraftState", "Drafter", "draw", "sampled_chain", "widths", "with_siblings", "with_spine"]
 
 
 def draw(logits: torch.Tensor, state: DraftState) -> tuple[torch.Tensor, torch.Tensor]:
@@ -15,18 +17,54 @@ def draw(logits: torch.Tensor, state: DraftState) -> tuple[torch.Tensor, torch.T
     return torch.multinomial(q, 1, generator=state.generator).squeeze(-1), q
 
 
-def sampled_chain(logits: torch.Tensor, state: DraftState) -> DraftTree:
-    """A chain whose every position is drawn from its own law (given the context only: DFlash's marginals)."""
+def sampled_chain(logits: torch.Tensor, state: DraftState, draws: int = 1, budget: int | None = None) -> DraftTree:
+    """A chain whose every position is drawn from its own law (given the context only: DFlash's marginals),
+    with siblings drawn beside it (with_siblings)."""
     tokens, q = draw(logits, state)
     logq = q.gather(1, tokens[:, None])[:, 0].clamp_min(1e-30).log()
-    return DraftTree.chain(tokens, logq.cumsum(0), q)
+    return with_siblings(DraftTree.chain(tokens, logq.cumsum(0), q), state, draws, budget)
+
+
+def with_siblings(chain: DraftTree, state: DraftState, draws: int, budget: int | None = None) -> DraftTree:
+    """A drawn chain (node i from q[i]) plus, at each depth, its later draws without replacement from the same
+    law: an exponential race among the tokens the chain did not take (given the first arrival, the rest race
+    on afresh), so node i and its siblings are q's first draws in order (engine/verify.py tries them so).
+    `budget`: the depths whose draws fit in it, at least one (a cut by depth and counts: never by the draws)."""
+    if len(chain) == 0:
+        return chain
+    q = chain.q
+    support = (q > 0).sum(-1).tolist()   # a law's support bounds its draws: a count that ignores the drafts
+    extra = [min(w, s) - 1 for w, s in zip(widths(draws, len(chain)), support)]
+    if budget is not None:
+        extra[0] = min(extra[0], budget - 1)
+        fit = sum(1 for total in itertools.accumulate(1 + k for k in extra) if total <= budget)
+        if fit < len(chain):
+            chain, extra = chain.truncate_depth(max(fit, 1)), extra[:max(fit, 1)]
+    if max(extra) < 1:
+        return chain
+    last = max(d for d, k in enumerate(extra) if k > 0) + 1   # race only the depths that draw more
+    race = q[:last].clone()
+    race.scatter_(1, chain.tokens[:last, None], 0.0)
+    wait = torch.empty_like(race).exponential_(generator=state.generator)
+    order = (race.log() - wait.log()).topk(max(extra), dim=-1)   # [D, k]: the next arrivals, in order
+    depths = [d for d, k in enumerate(extra) for _ in range(k)]
+    tokens = order.indices[depths, [j for k in extra for j in range(k)]]
+    laws = torch.tensor(depths, dtype=torch.long, device=tokens.device)
+    parents = laws - 1
+    scores = None
+    if chain.scores is not None:   # a sibling's path score: its parent's, plus its own log q
+        prior = torch.cat([chain.scores.new_zeros(1), chain.scores[:-1]])[laws]
+        scores = torch.cat([chain.scores, prior + q[laws, tokens].clamp_min(1e-30).log()])
+    return DraftTree(torch.cat([chain.tokens, tokens]), torch.cat([chain.parents, parents]),
+                     torch.cat([chain.depth, laws + 1]), scores, q, torch.cat([chain.law, laws]))
 
 
 def with_spine(spine: DraftTree, rest: DraftTree) -> DraftTree:
-    """A sampled chain first, then a deterministic tree under the same anchor: at each depth the spine's
-    draft is tried by speculative sampling, the tree's children on the residual draw (engine/verify.py)."""
+    """A drawn spine first, then a deterministic tree under the same anchor: at each depth the spine's
+    drafts are tried by rejection sampling, the tree's children on the residual draw (engine/verify.py)."""
     shift = len(spine)
     parents = torch.where(rest.parents >= 0, rest.parents + shift, rest.parents)
     scores = None if spine.scores is None or rest.scores is None else torch.cat([spine.scores, rest.scores])
+    law = torch.cat([spine.law, torch.full_like(rest.tokens, -1)])
     return DraftTree(torch.cat([spine.tokens, rest.tokens]), torch.cat([spine.parents, parents]),
-                     torch.cat([spine.depth, rest.depth]), scores, spine.q)
+                     torch.cat([spine.depth, rest.depth]), scores, spine.q, law)

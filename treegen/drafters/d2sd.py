@@ -65,6 +65,7 @@ class D2SDDrafter(BuildClock):
         self.skip_rejected, self.branch = skip_rejected, branch
         self.target_layer_ids = first.target_layer_ids
         self.sample = D.SAMPLE   # set by build_drafter: at T > 0 a chain drawn from the marginals goes first
+        self.draws = D.DRAWS     # and its drawn children per depth (base.with_siblings)
 
     def begin(self, prompt, features) -> None:
         self.first.begin(features)
@@ -99,7 +100,7 @@ class D2SDDrafter(BuildClock):
         if not (self.sample and state.sampling):
             with self.building(tokens.device):
                 return keep_best(merge_paths(tokens, lengths, scores), self.budget)
-        spine = sampled_chain(marginal, state)   # drawn first; the branches catch the residual draws
+        spine = sampled_chain(marginal, state, self.draws, self.budget or None)   # drawn first; the branches catch the residual draws
         with self.building(tokens.device):
             budget = max(self.budget - len(spine), 1) if self.budget else 0
             return with_spine(spine, keep_best(merge_paths(tokens, lengths, scores), budget))

@@ -16,7 +16,7 @@ import torch
 
 from ..engine.tree import DraftTree
 from . import defaults as D
-from .base import with_spine
+from .base import with_siblings, with_spine
 from .dflash import DFlashBlock
 from .domino import HeadDrafter
 
@@ -49,7 +49,7 @@ class DARTreeDrafter(HeadDrafter):
     def draft(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor) -> DraftTree:
         if self.law is None:
             return self.grow(anchor, z, base, self.budget)
-        spine = self.chain(anchor, z, base)      # Domino's drawn chain first, the tree on the residual draws
+        spine = with_siblings(self.chain(anchor, z, base), self.law, self.draws, self.budget)   # drawn first
         return with_spine(spine, self.grow(anchor, z, base, max(self.budget - len(spine), 1)))
 
     def grow(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor, budget: int) -> DraftTree:

@@ -25,5 +25,5 @@ class DDTreeDrafter(BlockDrafter):
         top = torch.topk(logp, min(self.top_k, logp.shape[-1]), dim=-1)
         if self.law is None:
             return marginal_tree(top.values, top.indices, self.budget)
-        spine = sampled_chain(logp, self.law)
+        spine = sampled_chain(logp, self.law, self.draws, self.budget)
         return with_spine(spine, marginal_tree(top.values, top.indices, max(self.budget - len(spine), 1)))

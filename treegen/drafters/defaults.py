@@ -5,6 +5,8 @@ PLD_DRAFT_LEN = 10
 PLD_BRANCHES = 4
 LOOKUP = False          # any drafter's method: prompt-lookup rounds where the text repeats and they pay
 SAMPLE = True           # any drafter's method at T > 0: a chain drawn from the draft laws first (speculative sampling)
+DRAWS = 1               # with `sample`: drawn children at depth 1 (half as many each depth after); 1 = a chain
+TREE_DRAWS = 16         # the tree methods' default (docs/benchmarks.md: acceptance rose to 16 at T=1)
 DDTREE_BUDGET = 64      # nodes verified per round (DDTree's common default)
 AUTO = "auto"           # `budget: auto`: the drafter drafts AUTO_CEILING nodes, the engine trims each round
 AUTO_CEILING = 128      #   to the size with the best expected tokens/s on this hardware (engine/budget.py)

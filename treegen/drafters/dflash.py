@@ -74,6 +74,7 @@ class BlockDrafter(BuildClock):
         self.block = block
         self.target_layer_ids = block.target_layer_ids
         self.sample, self.law = D.SAMPLE, None   # `sample` (set by build_drafter); this round's law, if drawing
+        self.draws = D.DRAWS                     # drawn children per depth, with `sample` (base.with_siblings)
 
     def begin(self, prompt, features) -> None:
         self.block.begin(features)
@@ -111,7 +112,7 @@ class DFlashChainDrafter(BlockDrafter):
 
     def tree(self, logp: torch.Tensor) -> DraftTree:
         if self.law is not None:
-            return sampled_chain(logp, self.law)
+            return sampled_chain(logp, self.law, self.draws)
         best = logp.max(dim=-1)
         return DraftTree.chain(best.indices, best.values.cumsum(0))
 

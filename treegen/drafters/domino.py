@@ -7,7 +7,7 @@ import torch
 
 from ..engine.tree import DraftTree
 from ..models.domino import DominoHead, HeadTables, check_domino_fits, load_domino
-from .base import DraftState, draw
+from .base import DraftState, draw, with_siblings
 from .dflash import BlockDrafter, DFlashBlock
 
 
@@ -74,7 +74,8 @@ class DominoDrafter(HeadDrafter):
     name = "domino"
 
     def draft(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor) -> DraftTree:
-        return self.chain(anchor, z, base)
+        chain = self.chain(anchor, z, base)
+        return chain if self.law is None else with_siblings(chain, self.law, self.draws)
 
 
 def load_head_block(target, drafter_path: str) -> tuple[DFlashBlock, DominoHead]:

@@ -16,7 +16,7 @@ import torch
 from ..engine.tree import DraftTree
 from ..models.treeflash import TreeFlashModel, fits, load_treeflash
 from . import defaults as D
-from .base import sampled_chain, with_spine
+from .base import draw, with_siblings, with_spine
 from .best_first import best_first
 from .dflash import BlockDrafter, DFlashBlock
 
@@ -62,10 +62,39 @@ class TreeFlashDrafter(BlockDrafter):
         if self.law is None:
             with self.building(hidden.device):
                 return best_first(*tables, self.budget)
-        # sampling: a chain drawn from the same marginals first, the tree on the residual draws
-        spine = sampled_chain(marginal, self.law)
+        # sampling: a chain drawn from the head's conditional laws first, the tree on the residual draws
+        spine = with_siblings(self.drawn_chain(hidden, anchor, marginal), self.law, self.draws, self.budget)
         with self.building(hidden.device):
             return with_spine(spine, best_first(*tables, max(self.budget - len(spine), 1)))
+
+    @torch.no_grad()
+    def drawn_chain(self, hidden: torch.Tensor, anchor: int, marginal: torch.Tensor) -> DraftTree:
+        """T > 0: depth by depth, the head conditioned on the token drawn just before (the anchor at depth 1),
+        scored as the tables are (over the support, or the whole vocabulary), and a draw from that law. A
+        short sequential loop, one [1, H] row a step: each law depends on the previous draw."""
+        head, final_norm = self.model.ar_approximation, self.model.model.norm
+        state = head.state_part(final_norm(hidden))                                 # [D, 2I]
+        support = marginal.topk(self.support, dim=-1).indices if self.support else None   # [D, s]
+        logp = torch.log_softmax(marginal, dim=-1)
+        prev = torch.tensor([anchor], device=hidden.device)
+        tokens, laws = [], []
+        for d in range(hidden.shape[0]):
+            row = final_norm(hidden[d:d + 1] + head.combine(self.token_part(prev), state[d:d + 1]))
+            prev, q = draw(self.conditional(row, None if support is None else support[d], logp[d]), self.law)
+            tokens.append(prev), laws.append(q)
+        tokens, q = torch.cat(tokens), torch.cat(laws)
+        logq = q.gather(1, tokens[:, None])[:, 0].clamp_min(1e-30).log()
+        return DraftTree.chain(tokens, logq.cumsum(0), q)
+
+    def conditional(self, row: torch.Tensor, support: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor:
+        """[1, H] corrected state -> [1, V] log-probs: the full vocabulary's, or the marginal's `logp` [V] with
+        the support's share of it spread by the conditional (as score() does: no token loses all its mass)."""
+        if support is None:
+            return self.block.lm_head(row).float()
+        cond = (row @ self.block.lm_head.weight.index_select(0, support).T)[0].float().log_softmax(-1)
+        out = logp.clone()
+        out[support] = cond + logp[support].logsumexp(-1)
+        return out[None]
 
     @torch.no_grad()
     def tables(self, hidden: torch.Tensor, anchor: int, marginal: torch.Tensor | None = None):

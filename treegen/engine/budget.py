@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .tree import DraftTree
+from .tree import DraftTree, widths
 
 MEASURED_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 SCORE_FLOOR, BIN_WIDTH = -16.0, 0.5   # path log-probs below the floor share the last bin
@@ -144,6 +144,7 @@ class AutoBudget:
 
     def __init__(self, cost: VerifyCost, rests: bool = True):
         self.cost, self.model, self.rests = cost, AcceptanceModel(), rests
+        self.depths = DrawnDepths()   # drawn nodes' acceptance by depth (trim_drawn)
         self.t_draft: float | None = None
         self.rest, self.backoff = 0, 1
         self.catching_up = False   # the round after a rest folds the skipped context: not a typical pass
@@ -151,11 +152,12 @@ class AutoBudget:
         self.rounds = 0
         self.plain = 1.0 / float(cost(torch.ones(1))[0])   # tokens/s of plain decoding: one token a one-row forward
 
-    def choose(self, scores: torch.Tensor) -> int:
-        """How many of the nodes (scores sorted best first) to verify."""
-        expected = torch.cat([torch.ones(1), 1 + self.model.probability(scores).cumsum(0)])
-        seconds = (self.t_draft or 0.0) + self.cost(torch.arange(len(scores) + 1) + 1)
-        return int((expected / seconds).argmax())
+    def choose(self, scores: torch.Tensor, expected: float = 1.0, rows: int = 0) -> int:
+        """How many of the nodes (scores sorted best first) to verify, beside `rows` nodes kept already that
+        bring `expected` tokens a round (the bonus token included)."""
+        gains = expected + torch.cat([torch.zeros(1), self.model.probability(scores).cumsum(0)])
+        seconds = (self.t_draft or 0.0) + self.cost(rows + torch.arange(len(scores) + 1) + 1)
+        return int((gains / seconds).argmax())
 
     def round_done(self, tokens: int, seconds: float, drafted: bool) -> None:
         """After each round (drafted: the drafter ran, whatever the trim kept): the running tokens/s of
@@ -192,10 +194,32 @@ class AutoBudget:
             self.t_draft = t_draft
         elif not self.catching_up:  # a pass folding a rest's context is not a typical one
             self.t_draft = 0.8 * self.t_draft + 0.2 * t_draft
+        if tree.drawn:
+            return self.trim_drawn(tree)
         # stable: on equal scores the lower index (a parent before its child) comes first
         scores, order = torch.sort(tree.scores.float().cpu(), descending=True, stable=True)
         keep = torch.zeros(len(tree), dtype=torch.bool)
         keep[order[:self.choose(scores)]] = True
+        return tree.select(keep.to(tree.tokens.device))
+
+    def trim_drawn(self, tree: DraftTree) -> DraftTree:
+        """A tree with drawn nodes (T > 0). Whether a drawn node is verified must not depend on which token
+        was drawn (a draft kept for being likely is no longer a draw from q), nor on anything that does (the
+        deterministic nodes: dedup merges those equal to a draw). So first the drawn depth L, from earlier
+        rounds' acceptance and the nominal widths alone; then the deterministic nodes by score, as above,
+        leaving out those under a drawn node deeper than L."""
+        depth, drawn = tree.depth.cpu(), tree.law.cpu() >= 0
+        max_l = int(depth[drawn].max())
+        expected = 1 + torch.cat([torch.zeros(1), self.depths.reached(max_l).cumsum(0)])      # [L+1]
+        # depth 1's draws: their count depends on the context alone (deeper laws may depend on the draws)
+        first = int((drawn & (depth == 1)).sum())
+        nominal = torch.tensor([0, *widths(first, max_l)]).cumsum(0)
+        length = int((expected / ((self.t_draft or 0.0) + self.cost(nominal + 1))).argmax())
+        keep = drawn & (depth <= length)
+        under = drawn_depth_above(tree.parents.tolist(), torch.where(drawn, depth, 0).tolist())
+        det = ((~drawn) & (under <= length)).nonzero().flatten()
+        scores, order = torch.sort(tree.scores.float().cpu()[det], descending=True, stable=True)
+        keep[det[order[:self.choose(scores, float(expected[length]), int(keep.sum()))]]] = True
         return tree.select(keep.to(tree.tokens.device))
 
     def observe(self, tree: DraftTree, path: list[int]) -> None:
@@ -203,5 +227,47 @@ class AutoBudget:
             return
         accepted = torch.zeros(len(tree), dtype=torch.bool)
         accepted[path] = True
-        self.model.observe(tree.scores, accepted)
+        if not tree.drawn:
+            self.model.observe(tree.scores, accepted)
+            return
+        drawn = tree.law.cpu() >= 0
+        self.model.observe(tree.scores.cpu()[~drawn], accepted[~drawn])
+        self.depths.observe(tree, path)
 
+
+class DrawnDepths:
+    """P(the path takes a drawn node at depth d | it took the one at depth d - 1 whose children were drawn),
+    counts decayed per round like AcceptanceModel's; their running products are the expected drawn tokens."""
+
+    def __init__(self, max_depth: int = 64, prior: float = 0.5):
+        self.tried = torch.zeros(max_depth + 1)
+        self.passed = torch.zeros(max_depth + 1)
+        self.prior = prior
+
+    def reached(self, max_depth: int) -> torch.Tensor:
+        """[max_depth] P(the path holds a drawn node at depth 1 .. max_depth)."""
+        rate = (self.passed + PRIOR_WEIGHT * self.prior) / (self.tried + PRIOR_WEIGHT)
+        return rate[1:max_depth + 1].cumprod(0)
+
+    def observe(self, tree: DraftTree, path: list[int]) -> None:
+        self.tried.mul_(FORGET)
+        self.passed.mul_(FORGET)
+        law, parents = tree.law.tolist(), tree.parents.tolist()
+        has_drawn = {parents[i] for i in range(len(law)) if law[i] >= 0}
+        node = -1
+        for d, child in enumerate([*path, None], start=1):
+            if node not in has_drawn or d >= len(self.tried):
+                return
+            self.tried[d] += 1
+            if child is None or law[child] < 0:
+                return
+            self.passed[d] += 1
+            node = child
+
+
+def drawn_depth_above(parents: list[int], own: list[int]) -> torch.Tensor:
+    """[n] per node: the depth of its deepest drawn ancestor-or-self (own[i]: node i's depth if drawn, else 0)."""
+    out: list[int] = []
+    for i, p in enumerate(parents):
+        out.append(max(own[i], out[p] if p >= 0 else 0))
+    return torch.tensor(out, dtype=torch.long)

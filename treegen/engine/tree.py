@@ -17,21 +17,46 @@ class DraftTree:
     parents: torch.Tensor               # [n] long: parent node index, -1 for a child of the anchor
     depth: torch.Tensor | None = None   # [n] long: 1 for children of the anchor; derived if omitted
     scores: torch.Tensor | None = None  # [n] float: the drafter's path log-prob, if it has one
-    # [s, V] float: the first s nodes are a chain drawn from these laws (node i from q[i], given the nodes
-    # before it), verified by speculative sampling (engine/verify.py); every other node is deterministic
+    # [L, V] float: the laws drafts were drawn from, verified by speculative sampling (engine/verify.py)
     q: torch.Tensor | None = None
+    # [n] long: the row of q node i was drawn from, -1 for a deterministic node. Drawn nodes come first; the
+    # drawn children of one parent share one law and are listed in draw order, without replacement. With q
+    # and no law: the first L nodes are a chain, node i drawn from q[i] given the nodes before it.
+    law: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.tokens.shape != self.parents.shape or self.tokens.dim() != 1:
             raise ValueError("DraftTree tokens and parents must be 1-D tensors of one length")
         if self.q is not None:
-            s = self.q.shape[0]
-            if self.q.dim() != 2 or s > len(self.tokens):
+            self._check_laws()
+        if self.depth is None:  # frozen dataclass: set the derived field once, here
+            object.__setattr__(self, "depth", node_depths(self.parents.tolist(), self.parents.device))
+
+    def _check_laws(self) -> None:
+        n, s = len(self.tokens), self.q.shape[0]
+        if self.q.dim() != 2:
+            raise ValueError("DraftTree q must be [L, V]: one law per row")
+        if self.law is None:
+            if s > n:
                 raise ValueError("DraftTree q must be [s, V], s <= n: one law per sampled node")
             if not torch.equal(self.parents[:s].cpu(), torch.arange(-1, s - 1)):
                 raise ValueError("DraftTree q: the sampled nodes must be the first s, as a chain")
-        if self.depth is None:  # frozen dataclass: set the derived field once, here
-            object.__setattr__(self, "depth", node_depths(self.parents.tolist(), self.parents.device))
+            law = torch.cat([torch.arange(s), torch.full((n - s,), -1)]).to(self.tokens.device)
+            object.__setattr__(self, "law", law)
+            return
+        law = self.law.tolist()
+        drawn = sum(1 for i in law if i >= 0)
+        if len(law) != n or any(i >= 0 for i in law[drawn:]) or max(law, default=-1) >= s:
+            raise ValueError("DraftTree law must be [n], the drawn nodes first, each a row of q")
+        shared: dict[int, int] = {}
+        for parent, i in zip(self.parents[:drawn].tolist(), law[:drawn]):
+            if shared.setdefault(parent, i) != i:
+                raise ValueError("DraftTree law: the drawn children of one parent must share one law")
+
+    @property
+    def drawn(self) -> int:
+        """How many nodes (the first ones) were drawn from a law; 0 for a deterministic tree."""
+        return 0 if self.law is None else int((self.law >= 0).sum())
 
     @classmethod
     def empty(cls, device="cpu") -> DraftTree:
@@ -66,7 +91,8 @@ class DraftTree:
         new_parents = torch.tensor([node_of[parents[i]] if parents[i] >= 0 else -1 for i in keep],
                                    dtype=torch.long, device=self.tokens.device)
         scores = None if self.scores is None else self.scores[idx]
-        return DraftTree(self.tokens[idx], new_parents, self.depth[idx], scores, self.q)   # the chain comes first
+        law = None if self.law is None else self.law[idx]   # drawn nodes come first: they are never the twin
+        return DraftTree(self.tokens[idx], new_parents, self.depth[idx], scores, self.q, law)
 
     def truncate_depth(self, max_depth: int) -> DraftTree:
         """Keep the nodes no deeper than max_depth (a prefix-closed subset, so parents stay valid)."""
@@ -88,8 +114,13 @@ class DraftTree:
         parents = self.parents[idx]
         parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
         scores = None if self.scores is None else self.scores[idx]
-        q = None if self.q is None else self.q[:int((idx < len(self.q)).sum())]   # kept: a prefix of the chain
-        return DraftTree(self.tokens[idx], parents, self.depth[idx], scores, q)
+        law = None if self.law is None else self.law[idx]
+        return DraftTree(self.tokens[idx], parents, self.depth[idx], scores, self.q, law)
+
+
+def widths(draws: int, depth: int) -> list[int]:
+    """Drawn children per depth: `draws` at depth 1, half as many at each next depth, at least 1."""
+    return [max(draws >> d, 1) for d in range(depth)]
 
 
 def node_depths(parents: list[int], device="cpu") -> torch.Tensor:

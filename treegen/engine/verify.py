@@ -5,9 +5,11 @@ Rule (deterministic drafts, every tree method):
   descend into the child whose token is y; if no child holds y, y is the bonus token and the round ends.
 The drafts only decide which draws get used, never what is drawn, so the output is the target's own.
 
-Rule (T > 0, a node whose first child x was drawn from a law q: speculative sampling, then the above):
-  accept x with probability min(1, p(x) / q(x)); if rejected, draw y from norm(max(p - q, 0)) instead
-  of from p, and go on as above (descend into a deterministic child equal to y, or end with y).
+Rule (T > 0, a node whose children x_1..x_k were drawn from a law q without replacement: recursive
+rejection sampling, then the above):
+  accept x_j with probability min(1, p_j(x_j) / q_j(x_j)), q_j being q without x_1..x_j-1 (the law x_j
+  was drawn from), p_1 = p; if rejected, p_j+1 = norm(max(p_j - q_j, 0)); after k rejections draw y from
+  p_k+1 instead of p and go on as above (descend into any child equal to y, or end with y).
 Either way the token taken at a node is distributed as p, so the output is the target's own.
 """
 from __future__ import annotations
@@ -56,22 +58,44 @@ def _draws(logits: Logits, sampler: Sampler, generator):
 
 
 def _walk_with_laws(tree: DraftTree, logits: Logits, sampler: Sampler, generator) -> Verdict:
-    """The walk when the first len(tree.q) nodes are a chain drawn from tree.q (T > 0)."""
-    tokens, parents, sampled = tree.tokens.tolist(), tree.parents.tolist(), len(tree.q)
-    children = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens)) if i >= sampled}
+    """The walk when some nodes were drawn from laws (T > 0): at each node its drawn children are tried in
+    draw order (recursive rejection sampling), then a draw from what is left of p is matched to any child."""
+    tokens, law = tree.tokens.tolist(), tree.law.tolist()
+    children: dict[tuple[int, int], int] = {}
+    drawn: dict[int, list[int]] = {}   # parent -> its drawn children, in draw order
+    for i, (parent, token) in enumerate(zip(tree.parents.tolist(), tokens)):
+        children[(parent, token)] = i
+        if law[i] >= 0:
+            drawn.setdefault(parent, []).append(i)
     path, node = [], -1
     while True:
-        p = law = sampler.probs(logits.row(node + 1))[0]
-        if node + 1 < sampled:   # the anchor or a chain node: its first child is the chain's next node
-            q, x = tree.q[node + 1].to(torch.float32), tokens[node + 1]
-            if torch.rand((), generator=generator, device=p.device) * q[x] < p[x]:   # u < p(x) / q(x)
-                node += 1
-                path.append(node)
-                continue
-            residual = (p - q).clamp_min(0)
-            law = residual if residual.sum() > 0 else p   # p == q up to rounding: nothing left to correct
-        y = int(torch.multinomial(law, 1, generator=generator))
-        if (node, y) not in children:
-            return Verdict(path, [tokens[i] for i in path] + [y], y)
-        node = children[(node, y)]
+        p = sampler.probs(logits.row(node + 1))[0]
+        tried = drawn.get(node, [])
+        q = tree.q[law[tried[0]]].to(torch.float32) if tried else None
+        child, p = _try_drawn(p, q, [tokens[i] for i in tried], generator)
+        if child is None:
+            y = int(torch.multinomial(p, 1, generator=generator))
+            if (node, y) not in children:
+                return Verdict(path, [tokens[i] for i in path] + [y], y)
+            node = children[(node, y)]
+        else:
+            node = tried[child]
         path.append(node)
+
+
+def _try_drawn(p: torch.Tensor, q: torch.Tensor | None, drafts: list[int], generator):
+    """Drafts x_1..x_k drawn from q without replacement, tried against p in turn: x_j came from q_j (q without
+    x_1..x_j-1, renormalised), so accept it with probability min(1, p_j(x_j) / q_j(x_j)); on a rejection the
+    target becomes p_j+1 = norm(max(p_j - q_j, 0)). -> (the accepted draft's position, p) or (None, p_k+1)."""
+    for j, x in enumerate(drafts):
+        if j:
+            q = q.clone()
+            q[drafts[j - 1]] = 0.0
+            q = q / q.sum()
+        if torch.rand((), generator=generator, device=p.device) * q[x] < p[x]:   # u < p(x) / q(x)
+            return j, p
+        residual = (p - q).clamp_min(0)
+        if residual.sum() <= 0:   # p == q up to rounding: nothing left to correct
+            return None, p
+        p = residual / residual.sum()
+    return None, p
