@@ -103,6 +103,17 @@ def test_cost_is_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(B, "MEASURED_ROWS", (1, 2))
     assert B.verify_cost(target, path).rows == (1, 2)
+    # an entry where more rows cost less (an older version's median on a busy machine) is measured again
+    path.write_text(json.dumps({B.cost_key(target): {"rows": [1, 2, 4], "seconds": [0.09, 0.02, 0.12]}}))
+    again = B.verify_cost(target, path)
+    assert again.rows == (1, 2) and again.plausible
+
+
+def test_measured_cost_never_falls_with_rows():
+    """The fastest of the repeats per size, then a running max: a busy moment cannot make a size look cheap
+    (the poisoned entry this replaced: 1 row 89 ms, 8 rows 20 ms, measured beside a test run)."""
+    assert B.steady([[0.089, 0.005], [0.053, 0.006], [0.123, 0.004], [0.020, 0.009]]) == (0.005, 0.006, 0.006, 0.009)
+    assert B.VerifyCost.measure(tiny_qwen3(vocab=64, seed=1), rows=(1, 4, 16), context=8, repeats=2).plausible
 
 
 def test_auto_is_a_budget_value():
