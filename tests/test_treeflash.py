@@ -182,17 +182,44 @@ def test_greedy_exact_with_a_nonzero_head(target, tf_dir, greedy_refs, support):
     assert branched > 0
 
 
-def test_sampling_follows_the_target_distribution(hf_target):  # noqa: F811 (the imported fixture)
-    """T > 0 through the enumeration harness of test_sampling_distribution, on its real 1-layer Qwen3."""
+@pytest.mark.parametrize("name, options, deep_min", [("top_k", {}, 200),
+                                                     ("temperature", {"top_m": 2, "top_k": 2, "support": 4}, 50)])
+def test_sampling_follows_the_target_distribution(hf_target, name, options, deep_min):  # noqa: F811 (imported fixture)
+    """T > 0 through the enumeration harness of test_sampling_distribution, on its real 1-layer Qwen3; with a
+    plain temperature and a support smaller than the vocabulary the drawn chain takes raced_chain's path."""
     torch.manual_seed(7)
     model = TreeFlashModel(tiny_drafter_config(hf_target, block_size=4, layer_ids=(0,)))
     for p in model.parameters():
         p.data.normal_(0, 0.5 if p.dim() == 2 else 1.0)
-    drafter = TreeFlashDrafter(DFlashBlock(model.model.eval(), hf_target), model.eval(), budget=48)
-    sampler = CONFIGS["top_k"]
+    drafter = TreeFlashDrafter(DFlashBlock(model.model.eval(), hf_target), model.eval(), budget=48, **options)
+    drafter.draws = 2
+    sampler = CONFIGS[name]
     counts, deep = first_three(hf_target, drafter, sampler, 800, seed=3)
     stat, threshold = chi_square(counts, exact_joint(hf_target, sampler))
-    assert deep > 200 and stat < threshold, (deep, stat, threshold)
+    assert deep > deep_min and stat < threshold, (deep, stat, threshold)
+
+
+def test_raced_chain_draws_from_the_law_it_reports():
+    """The fast drawn chain (plain temperature, a support): the first depth's law depends on the anchor alone,
+    so its draws over many rounds must follow the q it reports (the law verification divides by)."""
+    from treegen.api import Generator
+    from treegen.engine.drafter import DraftState
+    from treegen.engine.sampling import Sampler
+
+    drafter = Generator(target="demo", method="treeflash").draft_model
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        hidden = torch.randn(6, drafter.block.embed.weight.shape[1], generator=g)
+        marginal = drafter.block.lm_head(drafter.model.model.norm(hidden)).float()
+        for t in (1.0, 0.6):
+            drafter.law = DraftState(torch.tensor([5]), 8, Sampler(temperature=t), g)
+            counts, q = torch.zeros(marginal.shape[-1], dtype=torch.float64), None
+            for _ in range(2000):
+                tree = drafter.drawn_chain(hidden, 5, marginal)
+                counts[tree.tokens[0]] += 1
+                q = tree.q[0] if q is None else q
+            stat, threshold = chi_square(counts, q.double())
+            assert stat < threshold, f"T={t}: chi-square {stat:.1f} >= {threshold:.1f}"
 
 
 # --- bad input -------------------------------------------------------------------------------------------

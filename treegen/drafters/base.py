@@ -7,14 +7,23 @@ import torch
 from ..engine.drafter import Drafter, DraftState
 from ..engine.tree import DraftTree, widths
 
-__all__ = ["DraftState", "Drafter", "draw", "sampled_chain", "widths", "with_siblings", "with_spine"]
+__all__ = ["DraftState", "Drafter", "draw", "race", "sampled_chain", "widths", "with_siblings", "with_spine"]
 
 
 def draw(logits: torch.Tensor, state: DraftState) -> tuple[torch.Tensor, torch.Tensor]:
     """[D, V] draft logits -> (tokens [D], their laws q [D, V]): q is the target's sampling rule (temperature,
     top-k, top-p, min-p) applied to the draft logits, so the drafts are shaped like the target's draws."""
     q = state.sampler.probs(logits)
-    return torch.multinomial(q, 1, generator=state.generator).squeeze(-1), q
+    return race(q.log(), state).argmax(-1), q
+
+
+def race(logq: torch.Tensor, state: DraftState) -> torch.Tensor:
+    """log q - log E, E ~ Exp(1) per entry: the largest is a draw from q, the k largest the first k draws
+    without replacement (the exponential race). E = -log(1 - U) with U uniform on float32's grid, moved
+    to each step's midpoint so that E is never 0; torch's exponential_ and multinomial cost 6x more on a
+    CPU (2 ms for 15 x 8192)."""
+    u = torch.rand(logq.shape, generator=state.generator, device=logq.device) + 2.0 ** -25
+    return logq - torch.log(-torch.log1p(-u)).to(logq.dtype)
 
 
 def sampled_chain(logits: torch.Tensor, state: DraftState, draws: int = 1, budget: int | None = None) -> DraftTree:
@@ -43,10 +52,9 @@ def with_siblings(chain: DraftTree, state: DraftState, draws: int, budget: int |
     if max(extra) < 1:
         return chain
     last = max(d for d, k in enumerate(extra) if k > 0) + 1   # race only the depths that draw more
-    race = q[:last].clone()
-    race.scatter_(1, chain.tokens[:last, None], 0.0)
-    wait = torch.empty_like(race).exponential_(generator=state.generator)
-    order = (race.log() - wait.log()).topk(max(extra), dim=-1)   # [D, k]: the next arrivals, in order
+    rest = q[:last].clone()
+    rest.scatter_(1, chain.tokens[:last, None], 0.0)
+    order = race(rest.log(), state).topk(max(extra), dim=-1)   # [D, k]: the next arrivals, in order
     depths = [d for d, k in enumerate(extra) for _ in range(k)]
     tokens = order.indices[depths, [j for k in extra for j in range(k)]]
     laws = torch.tensor(depths, dtype=torch.long, device=tokens.device)

@@ -16,7 +16,7 @@ import torch
 from ..engine.tree import DraftTree
 from ..models.treeflash import TreeFlashModel, fits, load_treeflash
 from . import defaults as D
-from .base import draw, with_siblings, with_spine
+from .base import draw, race, with_siblings, with_spine
 from .best_first import best_first
 from .dflash import BlockDrafter, DFlashBlock
 
@@ -77,14 +77,45 @@ class TreeFlashDrafter(BlockDrafter):
         support = marginal.topk(self.support, dim=-1).indices if self.support else None   # [D, s]
         logp = torch.log_softmax(marginal, dim=-1)
         prev = torch.tensor([anchor], device=hidden.device)
-        tokens, laws = [], []
-        for d in range(hidden.shape[0]):
-            row = final_norm(hidden[d:d + 1] + head.combine(self.token_part(prev), state[d:d + 1]))
-            prev, q = draw(self.conditional(row, None if support is None else support[d], logp[d]), self.law)
-            tokens.append(prev), laws.append(q)
-        tokens, q = torch.cat(tokens), torch.cat(laws)
+
+        def corrected(d: int, prev: torch.Tensor) -> torch.Tensor:   # [1, H]: depth d given the previous token
+            return final_norm(hidden[d:d + 1] + head.combine(self.token_part(prev), state[d:d + 1]))
+        if support is not None and self.law.sampler.plain:
+            tokens, q = self.raced_chain(corrected, prev, support, logp)
+        else:
+            tokens, laws = [], []
+            for d in range(hidden.shape[0]):
+                prev, law = draw(self.conditional(corrected(d, prev), None if support is None else support[d],
+                                                  logp[d]), self.law)
+                tokens.append(prev), laws.append(law)
+            tokens, q = torch.cat(tokens), torch.cat(laws)
         logq = q.gather(1, tokens[:, None])[:, 0].clamp_min(1e-30).log()
         return DraftTree.chain(tokens, logq.cumsum(0), q)
+
+    def raced_chain(self, corrected, prev: torch.Tensor, support: torch.Tensor, logp: torch.Tensor):
+        """drawn_chain's loop under a plain temperature t, where q_d is softmax(l_d / t) of the mixed log-probs
+        l_d: split q_d into the support's part and the rest. The rest does not depend on the previous draw,
+        so its draw, and every random number, are made for all depths before the loop; a step is then a few
+        [s]-sized ops with no host sync (pick the support's draw with probability Z_support / Z)."""
+        depth, s = support.shape
+        t, gen = self.law.sampler.temperature, self.law.generator
+        rows = self.block.lm_head.weight.index_select(0, support.flatten()).view(depth, s, -1)   # [D, s, H]
+        share = logp.gather(1, support).logsumexp(-1)                                   # [D] log P(support)
+        rest = (logp / t).scatter(1, support, -torch.inf)                               # [D, V]
+        z_rest = rest.logsumexp(-1)
+        rest_draw = race(rest, self.law).argmax(-1)                                     # [D]
+        noise = race(torch.zeros(depth, s, device=logp.device), self.law)             # [D, s]: -log E
+        log_u = torch.rand(depth, device=logp.device, generator=gen).log()
+        tokens, conds = [], []
+        for d in range(depth):
+            cond = (rows[d] @ corrected(d, prev)[0]).float().log_softmax(-1)           # [s]
+            scaled = (cond + share[d]) / t
+            z_in = scaled.logsumexp(-1)
+            inside = support[d, (scaled + noise[d]).argmax()]
+            prev = torch.where(log_u[d] < z_in - torch.logaddexp(z_in, z_rest[d]), inside, rest_draw[d]).view(1)
+            tokens.append(prev), conds.append(cond)
+        mixed = logp.scatter(1, support, torch.stack(conds) + share[:, None])
+        return torch.cat(tokens), self.law.sampler.probs(mixed)
 
     def conditional(self, row: torch.Tensor, support: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor:
         """[1, H] corrected state -> [1, V] log-probs: the full vocabulary's, or the marginal's `logp` [V] with

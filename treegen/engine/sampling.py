@@ -36,6 +36,11 @@ class Sampler:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def plain(self) -> bool:
+        """Temperature alone: no top-k, top-p or min-p cut."""
+        return self.top_k == 0 and self.top_p >= 1 and self.min_p == 0
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """[..., V] logits -> [..., V] probabilities of the processed distribution (T > 0 only)."""
         return torch.softmax(self.filtered_logits(logits), dim=-1)
