@@ -67,7 +67,7 @@ def test_json_schema_per_method_and_category(greedy_run):
     assert list(record["methods"]) == LABELS
     for key in ("command", "date", "machine", "target", "drafter", "n", "temperature", "repeats", "prompts_source"):
         assert key in record, key
-    assert {"platform", "torch", "device", "threads"} <= set(record["machine"])
+    assert {"platform", "torch", "device", "threads", "cpu", "cpu_capability"} <= set(record["machine"])
     assert record["command"].startswith("treegen bench --methods ar,pld,dflash,ddtree --prompts ")
     assert record["n"] == 10 and record["repeats"] == 2 and record["categories"] == ["code", "class"]
     for label, m in record["methods"].items():

@@ -33,9 +33,22 @@ def machine() -> dict:
 
     cuda = torch.cuda.is_available()
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),   # e.g. AVX2, AVX512
             "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers_version(), "device": torch.cuda.get_device_name(0) if cuda else "cpu",
             "threads": torch.get_num_threads()}
+
+
+def cpu_model() -> str:
+    """The CPU's model name and its matrix extensions (two runs' tokens/s compare only on one kind of CPU)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    extras = [f for f in ("avx512f", "amx_bf16") if f in flags]
+    return " ".join([name or platform.machine(), *(f"+{f}" for f in extras)])
 
 
 def transformers_version() -> str:
