@@ -210,12 +210,12 @@ def test_raced_chain_draws_from_the_law_it_reports():
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         hidden = torch.randn(6, drafter.block.embed.weight.shape[1], generator=g)
-        marginal = drafter.block.lm_head(drafter.model.model.norm(hidden)).float()
+        parts = drafter.parts(hidden)
         for t in (1.0, 0.6):
             drafter.law = DraftState(torch.tensor([5]), 8, Sampler(temperature=t), g)
-            counts, q = torch.zeros(marginal.shape[-1], dtype=torch.float64), None
+            counts, q = torch.zeros(parts[0].shape[-1], dtype=torch.float64), None
             for _ in range(2000):
-                tree = drafter.drawn_chain(hidden, 5, marginal)
+                tree = drafter.drawn_chain(hidden, 5, parts)
                 counts[tree.tokens[0]] += 1
                 q = tree.q[0] if q is None else q
             stat, threshold = chi_square(counts, q.double())

@@ -121,7 +121,7 @@ def check_options(method: Method, options: dict[str, Any]) -> dict[str, Any]:
         if not _type_ok(value, known[key]):
             raise MethodError(f"method {method.name!r} option {key!r} must be {type(known[key]).__name__}, "
                               f"got {shown(value)}")
-        low = 1 if key == "draws" else D.MINIMUM.get((method.name, key))
+        low = D.MINIMUM.get((method.name, key), D.MINIMUM.get((None, key)))
         if low is not None and isinstance(value, (int, float)) and value < low:  # types: the drafter says
             raise MethodError(f"method {method.name!r} option {key!r} must be >= {low}, got {shown(value)}")
     return {**known, **options}

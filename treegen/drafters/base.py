@@ -7,7 +7,8 @@ import torch
 from ..engine.drafter import Drafter, DraftState
 from ..engine.tree import DraftTree, widths
 
-__all__ = ["DraftState", "Drafter", "draw", "race", "sampled_chain", "widths", "with_siblings", "with_spine"]
+__all__ = ["DraftState", "Drafter", "draw", "law_chain", "race", "sampled_chain", "widths", "with_siblings",
+           "with_spine"]
 
 
 def draw(logits: torch.Tensor, state: DraftState) -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,9 +30,13 @@ def race(logq: torch.Tensor, state: DraftState) -> torch.Tensor:
 def sampled_chain(logits: torch.Tensor, state: DraftState, draws: int = 1, budget: int | None = None) -> DraftTree:
     """A chain whose every position is drawn from its own law (given the context only: DFlash's marginals),
     with siblings drawn beside it (with_siblings)."""
-    tokens, q = draw(logits, state)
+    return with_siblings(law_chain(*draw(logits, state)), state, draws, budget)
+
+
+def law_chain(tokens: torch.Tensor, q: torch.Tensor) -> DraftTree:
+    """Drawn tokens [D] and the laws [D, V] they came from, as a chain scored by its path log q."""
     logq = q.gather(1, tokens[:, None])[:, 0].clamp_min(1e-30).log()
-    return with_siblings(DraftTree.chain(tokens, logq.cumsum(0), q), state, draws, budget)
+    return DraftTree.chain(tokens, logq.cumsum(0), q)
 
 
 def with_siblings(chain: DraftTree, state: DraftState, draws: int, budget: int | None = None) -> DraftTree:

@@ -16,7 +16,7 @@ import torch
 from ..engine.tree import DraftTree
 from ..models.treeflash import TreeFlashModel, fits, load_treeflash
 from . import defaults as D
-from .base import draw, race, with_siblings, with_spine
+from .base import draw, law_chain, race, with_siblings, with_spine
 from .best_first import best_first
 from .dflash import BlockDrafter, DFlashBlock
 
@@ -57,23 +57,29 @@ class TreeFlashDrafter(BlockDrafter):
 
     def draft(self, anchor: int, depth: int) -> DraftTree:
         hidden = self.block.hidden(anchor, normed=False)[1:1 + depth]   # [D, H] before the final norm
-        marginal = self.block.lm_head(self.model.model.norm(hidden)).float()        # [D, V]
-        tables = self.tables(hidden, anchor, marginal)
+        parts = self.parts(hidden)
+        tables = self.tables(hidden, anchor, parts)
         if self.law is None:
             with self.building(hidden.device):
                 return best_first(*tables, self.budget)
         # sampling: a chain drawn from the head's conditional laws first, the tree on the residual draws
-        spine = with_siblings(self.drawn_chain(hidden, anchor, marginal), self.law, self.draws, self.budget)
+        spine = with_siblings(self.drawn_chain(hidden, anchor, parts), self.law, self.draws, self.budget)
         with self.building(hidden.device):
             return with_spine(spine, best_first(*tables, max(self.budget - len(spine), 1)))
 
     @torch.no_grad()
-    def drawn_chain(self, hidden: torch.Tensor, anchor: int, marginal: torch.Tensor) -> DraftTree:
+    def parts(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[D, H] backbone states before the final norm -> the marginal logits [D, V] and the head's state half
+        [D, 2I]: what the tables and the drawn chain both start from, made once a round."""
+        normed = self.model.model.norm(hidden)
+        return self.block.lm_head(normed).float(), self.model.ar_approximation.state_part(normed)
+
+    def drawn_chain(self, hidden: torch.Tensor, anchor: int, parts: tuple[torch.Tensor, torch.Tensor]) -> DraftTree:
         """T > 0: depth by depth, the head conditioned on the token drawn just before (the anchor at depth 1),
         scored as the tables are (over the support, or the whole vocabulary), and a draw from that law. A
         short sequential loop, one [1, H] row a step: each law depends on the previous draw."""
         head, final_norm = self.model.ar_approximation, self.model.model.norm
-        state = head.state_part(final_norm(hidden))                                 # [D, 2I]
+        marginal, state = parts                                                      # [D, V], [D, 2I]
         support = marginal.topk(self.support, dim=-1).indices if self.support else None   # [D, s]
         logp = torch.log_softmax(marginal, dim=-1)
         prev = torch.tensor([anchor], device=hidden.device)
@@ -89,8 +95,7 @@ class TreeFlashDrafter(BlockDrafter):
                                                   logp[d]), self.law)
                 tokens.append(prev), laws.append(law)
             tokens, q = torch.cat(tokens), torch.cat(laws)
-        logq = q.gather(1, tokens[:, None])[:, 0].clamp_min(1e-30).log()
-        return DraftTree.chain(tokens, logq.cumsum(0), q)
+        return law_chain(tokens, q)
 
     def raced_chain(self, corrected, prev: torch.Tensor, support: torch.Tensor, logp: torch.Tensor):
         """drawn_chain's loop under a plain temperature t, where q_d is softmax(l_d / t) of the mixed log-probs
@@ -128,19 +133,17 @@ class TreeFlashDrafter(BlockDrafter):
         return out[None]
 
     @torch.no_grad()
-    def tables(self, hidden: torch.Tensor, anchor: int, marginal: torch.Tensor | None = None):
+    def tables(self, hidden: torch.Tensor, anchor: int, parts: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Per (depth, candidate previous token): conditional top-k log-probs, tokens, next-depth links.
-        `marginal`: the block's [D, V] marginal logits, if the caller made them already."""
+        `parts`: this round's parts(hidden), if the caller made them already."""
         depth, m = hidden.shape[0], self.top_m
         head, final_norm = self.model.ar_approximation, self.model.model.norm
-        normed = final_norm(hidden)
-        if marginal is None:
-            marginal = self.block.lm_head(normed).float()                           # [D, V]
+        marginal, state = parts or self.parts(hidden)
         top_m = marginal.topk(m, dim=-1).indices                                     # [D, m]
         # depth 0 has one candidate (the anchor); depth j > 0 has depth j-1's top-m
         prev = torch.cat([torch.tensor([anchor], device=hidden.device), top_m[:-1].flatten()])
         pos = torch.arange(depth, device=hidden.device).repeat_interleave(m)[m - 1:]
-        delta = head.combine(self.token_part(prev), head.state_part(normed).index_select(0, pos))
+        delta = head.combine(self.token_part(prev), state.index_select(0, pos))
         states = final_norm(hidden.index_select(0, pos) + delta)                    # [1 + (D-1)m, H]
         states = torch.cat([states[:1].expand(m, -1), states[1:]]).view(depth, m, -1)
         logp, tokens = self.score(states, marginal)
