@@ -186,7 +186,7 @@ def test_bad_options_and_checkpoints(target, dflash_dir, vp_dir, tmp_path, capsy
         build_drafter("d2sd", target, dflash_dir, {"vp_drafter": vp_dir, "k": 0})
     with pytest.raises(ValueError, match="b2 must be 0"):
         build_drafter("d2sd", target, dflash_dir, {"vp_drafter": vp_dir, "b2": 4})
-    with pytest.raises(ValueError, match="branch must be one of point, token"):
+    with pytest.raises(ValueError, match="option .branch. must be one of point, token"):
         build_drafter("d2sd", target, dflash_dir, {"vp_drafter": vp_dir, "branch": "tokens"})
     other = tiny_qwen3(vocab=64, hidden=48, seed=1)
     with pytest.raises(CheckpointError, match="hidden size"):

@@ -156,7 +156,7 @@ def test_dartree_respects_budget_and_branches(target, domino_dir):
     assert len(paths(tree)) == len(tree) == 64 and (tree.parents < torch.arange(64)).all()
 
 
-@pytest.mark.parametrize("options, phrase", [({"variant": "wide"}, "variant must be one of"),
+@pytest.mark.parametrize("options, phrase", [({"variant": "wide"}, "option .variant. must be one of"),
                                               ({"width": 0}, "width'? must be >= 1"),
                                               ({"depth_bonus": 0.5}, "depth_bonus must be <= 0"),
                                               ({"budget": "many"}, "option 'budget' must be int")])

@@ -32,6 +32,7 @@ class Method:
             options["sample"] = D.SAMPLE   # and, at T > 0, put a chain drawn from its laws first (base.py)
             # with that many drawn children at depth 1, halving with depth: trees only, by default
             options["draws"] = D.TREE_DRAWS if self.tree else D.DRAWS
+            options["dtype"] = D.DTYPE   # the drafter's precision, whatever the target's (drafters/precision.py)
         return options
 
 
@@ -121,6 +122,10 @@ def check_options(method: Method, options: dict[str, Any]) -> dict[str, Any]:
         if not _type_ok(value, known[key]):
             raise MethodError(f"method {method.name!r} option {key!r} must be {type(known[key]).__name__}, "
                               f"got {shown(value)}")
+        choices = D.CHOICES.get((method.name, key), D.CHOICES.get((None, key)))
+        if choices is not None and value not in choices:
+            raise MethodError(f"method {method.name!r} option {key!r} must be one of {', '.join(choices)}, "
+                              f"got {shown(value)}")
         low = D.MINIMUM.get((method.name, key), D.MINIMUM.get((None, key)))
         if low is not None and isinstance(value, (int, float)) and value < low:  # types: the drafter says
             raise MethodError(f"method {method.name!r} option {key!r} must be >= {low}, got {shown(value)}")
@@ -150,9 +155,12 @@ def build_drafter(name: str, target, drafter_path: str | None = None, options: d
     if auto_budget(options):  # the drafter drafts its ceiling; the engine trims each round (engine/budget.py)
         options["budget"] = D.AUTO_CEILING
     lookup, sample, draws = options.pop("lookup", False), options.pop("sample", False), options.pop("draws", 1)
+    dtype = options.pop("dtype", D.DTYPE)
     drafter = method.build(target, drafter_path, **options)
     if method.needs_drafter:
+        from .precision import draft_dtype
         drafter.sample, drafter.draws = sample, draws
+        drafter.cast(draft_dtype(dtype, target))
     if lookup:
         from .lookup import LookupFirst
         drafter = LookupFirst(drafter)

@@ -7,7 +7,7 @@ import torch
 from ..engine.drafter import Drafter, DraftState
 from ..engine.tree import DraftTree, widths
 
-__all__ = ["DraftState", "Drafter", "draw", "law_chain", "race", "sampled_chain", "widths", "with_siblings",
+__all__ = ["DraftState", "Drafter", "draw", "inverse_cdf", "law_chain", "race", "sampled_chain", "widths", "with_siblings",
            "with_spine"]
 
 
@@ -25,6 +25,18 @@ def race(logq: torch.Tensor, state: DraftState) -> torch.Tensor:
     CPU (2 ms for 15 x 8192)."""
     u = torch.rand(logq.shape, generator=state.generator, device=logq.device) + 2.0 ** -25
     return logq - torch.log(-torch.log1p(-u)).to(logq.dtype)
+
+
+def inverse_cdf(logits: torch.Tensor, state: DraftState) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draw per row of [D, V] logits from one uniform a row (the race needs V of them: 5x the time of
+    these few passes on a CPU), and each row's logsumexp, which the CDF has on the way.
+    side="right" never returns a zero-probability token."""
+    top = logits.amax(-1, keepdim=True)
+    cdf = (logits - top).exp().cumsum(-1)
+    total = cdf[:, -1:]
+    u = torch.rand(cdf.shape[0], 1, generator=state.generator, device=cdf.device, dtype=cdf.dtype) * total
+    draws = torch.searchsorted(cdf, u, right=True)[:, 0].clamp_max(cdf.shape[1] - 1)
+    return draws, (total.log() + top)[:, 0]
 
 
 def sampled_chain(logits: torch.Tensor, state: DraftState, draws: int = 1, budget: int | None = None) -> DraftTree:

@@ -67,6 +67,11 @@ class D2SDDrafter(BuildClock):
         self.sample = D.SAMPLE   # set by build_drafter: at T > 0 a chain drawn from the marginals goes first
         self.draws = D.DRAWS     # and its drawn children per depth (base.with_siblings)
 
+    def cast(self, dtype: torch.dtype) -> None:
+        """Both drafters in `dtype`, sharing one copy of the target's embedding and lm_head."""
+        self.first.cast(dtype)
+        self.vp.cast(dtype, like=self.first)
+
     def begin(self, prompt, features) -> None:
         self.first.begin(features)
         self.vp.begin(features)

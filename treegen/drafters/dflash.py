@@ -27,6 +27,24 @@ class DFlashBlock:
     def target_layer_ids(self) -> tuple[int, ...]:
         return self.model.config.target_layer_ids
 
+    def cast(self, dtype: torch.dtype, like: DFlashBlock | None = None) -> None:
+        """The drafter in `dtype`, with its own copies of the target's embedding and lm_head (the target
+        keeps its weights); `like`: a block already cast whose copies to share."""
+        self.model.to(dtype)
+        if self.embed.weight.dtype == dtype:
+            return
+        if like is not None:
+            self.embed, self.lm_head = like.embed, like.lm_head
+            return
+        if type(self.lm_head) is not torch.nn.Linear or self.lm_head.bias is not None:
+            raise ValueError(f"a drafter dtype other than the target's needs a plain lm_head, not "
+                             f"{type(self.lm_head).__name__}")
+        tied = self.lm_head.weight is self.embed.weight
+        self.embed = torch.nn.Embedding.from_pretrained(self.embed.weight.detach().to(dtype))
+        weight = self.embed.weight if tied else torch.nn.Parameter(self.lm_head.weight.detach().to(dtype), False)
+        self.lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        self.lm_head.weight = weight
+
     def begin(self, features: torch.Tensor) -> None:
         self.cache = ContextKV(self.model.config.num_hidden_layers)
         self.pending = features
@@ -75,6 +93,10 @@ class BlockDrafter(BuildClock):
         self.target_layer_ids = block.target_layer_ids
         self.sample, self.law = D.SAMPLE, None   # `sample` (set by build_drafter); this round's law, if drawing
         self.draws = D.DRAWS                     # drawn children per depth, with `sample` (base.with_siblings)
+
+    def cast(self, dtype: torch.dtype) -> None:
+        """Drafting in `dtype` (the `dtype` option: drafters/precision.py)."""
+        self.block.cast(dtype)
 
     def begin(self, prompt, features) -> None:
         self.block.begin(features)

@@ -17,9 +17,14 @@ class HeadDrafter(BlockDrafter):
 
     def __init__(self, block: DFlashBlock, head: DominoHead):
         super().__init__(block)
-        self.head = head.config
+        self.head, self.head_model = head.config, head
         self.tables = HeadTables(head, block.embed.weight)
         self.max_drafts = self.head.drafts(block.block_size)
+
+    def cast(self, dtype: torch.dtype) -> None:
+        super().cast(dtype)
+        self.head_model.to(dtype)
+        self.tables = HeadTables(self.head_model, self.block.embed.weight)   # its vocabulary table too
 
     def propose(self, state: DraftState) -> DraftTree:
         self.law = self.sampling(state)

@@ -11,14 +11,22 @@ the marginal's share of the mass: with a zero head both give exactly the margina
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..engine.tree import DraftTree
 from ..models.treeflash import TreeFlashModel, fits, load_treeflash
 from . import defaults as D
-from .base import draw, law_chain, race, with_siblings, with_spine
+from .base import draw, inverse_cdf, law_chain, race, with_siblings, with_spine
 from .best_first import best_first
 from .dflash import BlockDrafter, DFlashBlock
+
+
+class Scored(NamedTuple):
+    top_m: torch.Tensor            # [D, m] each depth's marginal top-m: the next depth's candidate previous tokens
+    support: torch.Tensor | None   # [D, s] each depth's scored tokens; None = the whole vocabulary
+    logits: torch.Tensor           # [D, m, s or V] the head's conditional logits per (depth, candidate)
 
 
 def default_support(device: torch.device) -> int:
@@ -48,22 +56,32 @@ class TreeFlashDrafter(BlockDrafter):
         self.top_m, self.top_k = min(top_m, vocab), min(top_k, vocab)
         support = default_support(block.lm_head.weight.device) if support is None else support
         self.support = min(support, vocab)
-        rows = 2 * model.ar_approximation.d.weight.shape[1]
-        # on a CPU a [V, 2I] table of the token half saves most of the head's work (64 MB for the demo pair)
         self.table: torch.Tensor | None = None
-        if block.embed.weight.device.type == "cpu" and vocab * rows <= D.TREEFLASH_TABLE_MAX:
+        self.make_table()
+
+    def make_table(self) -> None:
+        """On a CPU a [V, 2I] table of the head's token half saves most of its work (64 MB for the demo pair)."""
+        embed = self.block.embed.weight
+        vocab, rows = embed.shape[0], 2 * self.model.ar_approximation.d.weight.shape[1]
+        if embed.device.type == "cpu" and vocab * rows <= D.TREEFLASH_TABLE_MAX:
             with torch.no_grad():
-                self.table = model.ar_approximation.token_part(block.embed.weight)   # [V, 2I]
+                self.table = self.model.ar_approximation.token_part(embed)   # [V, 2I]
+
+    def cast(self, dtype: torch.dtype) -> None:
+        self.model.to(dtype)   # the head and the backbone (block.model)
+        super().cast(dtype)
+        self.make_table()
 
     def draft(self, anchor: int, depth: int) -> DraftTree:
         hidden = self.block.hidden(anchor, normed=False)[1:1 + depth]   # [D, H] before the final norm
         parts = self.parts(hidden)
-        tables = self.tables(hidden, anchor, parts)
+        scored = self.scored(hidden, anchor, parts)
+        tables = self.tables(hidden, anchor, parts, scored)
         if self.law is None:
             with self.building(hidden.device):
                 return best_first(*tables, self.budget)
         # sampling: a chain drawn from the head's conditional laws first, the tree on the residual draws
-        spine = with_siblings(self.drawn_chain(hidden, anchor, parts), self.law, self.draws, self.budget)
+        spine = with_siblings(self.drawn_chain(hidden, anchor, parts, scored), self.law, self.draws, self.budget)
         with self.building(hidden.device):
             return with_spine(spine, best_first(*tables, max(self.budget - len(spine), 1)))
 
@@ -74,53 +92,61 @@ class TreeFlashDrafter(BlockDrafter):
         normed = self.model.model.norm(hidden)
         return self.block.lm_head(normed).float(), self.model.ar_approximation.state_part(normed)
 
-    def drawn_chain(self, hidden: torch.Tensor, anchor: int, parts: tuple[torch.Tensor, torch.Tensor]) -> DraftTree:
+    def drawn_chain(self, hidden: torch.Tensor, anchor: int, parts: tuple[torch.Tensor, torch.Tensor],
+                    scored: Scored | None = None) -> DraftTree:
         """T > 0: depth by depth, the head conditioned on the token drawn just before (the anchor at depth 1),
         scored as the tables are (over the support, or the whole vocabulary), and a draw from that law. A
-        short sequential loop, one [1, H] row a step: each law depends on the previous draw."""
+        short sequential loop, one [1, H] row a step: each law depends on the previous draw (linked_chain
+        replaces it under a plain temperature with a support)."""
         head, final_norm = self.model.ar_approximation, self.model.model.norm
         marginal, state = parts                                                      # [D, V], [D, 2I]
-        support = marginal.topk(self.support, dim=-1).indices if self.support else None   # [D, s]
         logp = torch.log_softmax(marginal, dim=-1)
+        if self.support and self.law.sampler.plain:
+            return law_chain(*self.linked_chain(scored or self.scored(hidden, anchor, parts), logp))
+        support = marginal.topk(self.support, dim=-1).indices if self.support else None   # [D, s]
         prev = torch.tensor([anchor], device=hidden.device)
+        tokens, laws = [], []
+        for d in range(hidden.shape[0]):
+            row = final_norm(hidden[d:d + 1] + head.combine(self.token_part(prev), state[d:d + 1]))
+            prev, law = draw(self.conditional(row, None if support is None else support[d], logp[d]), self.law)
+            tokens.append(prev), laws.append(law)
+        return law_chain(torch.cat(tokens), torch.cat(laws))
 
-        def corrected(d: int, prev: torch.Tensor) -> torch.Tensor:   # [1, H]: depth d given the previous token
-            return final_norm(hidden[d:d + 1] + head.combine(self.token_part(prev), state[d:d + 1]))
-        if support is not None and self.law.sampler.plain:
-            tokens, q = self.raced_chain(corrected, prev, support, logp)
-        else:
-            tokens, laws = [], []
-            for d in range(hidden.shape[0]):
-                prev, law = draw(self.conditional(corrected(d, prev), None if support is None else support[d],
-                                                  logp[d]), self.law)
-                tokens.append(prev), laws.append(law)
-            tokens, q = torch.cat(tokens), torch.cat(laws)
-        return law_chain(tokens, q)
+    def linked_chain(self, scored: Scored, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drawn chain from the tables' own conditional logits, under a plain temperature t: at depth d
+        the law is row r of depth d's [m, s] logits when the previous draw is depth d-1's r-th marginal
+        candidate (depth 0: the anchor's row), else the marginal itself (an extra row). Each row's law
+        splits into the support's part and the rest (which no row changes); one set of random numbers per
+        depth draws a token for EVERY row at once, and following the drawn rows is a walk over a [D, m+1]
+        table on the host: no head step, no per-depth device work.
 
-    def raced_chain(self, corrected, prev: torch.Tensor, support: torch.Tensor, logp: torch.Tensor):
-        """drawn_chain's loop under a plain temperature t, where q_d is softmax(l_d / t) of the mixed log-probs
-        l_d: split q_d into the support's part and the rest. The rest does not depend on the previous draw,
-        so its draw, and every random number, are made for all depths before the loop; a step is then a few
-        [s]-sized ops with no host sync (pick the support's draw with probability Z_support / Z)."""
-        depth, s = support.shape
+        Exact: depth d's numbers are independent of the earlier depths' draws, so given the row that the
+        previous draw picks, the token is a draw from that row's law; q is the picked rows' laws."""
+        top_m, support, logits = scored
+        depth, m, s = logits.shape
         t, gen = self.law.sampler.temperature, self.law.generator
-        rows = self.block.lm_head.weight.index_select(0, support.flatten()).view(depth, s, -1)   # [D, s, H]
         share = logp.gather(1, support).logsumexp(-1)                                   # [D] log P(support)
+        rows = torch.cat([logits.float(), logp.gather(1, support)[:, None]], 1)        # [D, m+1, s]
+        cond = rows.log_softmax(-1) + share[:, None, None]                              # mixed log-probs, inside
+        scaled = cond / t
+        z_in = scaled.logsumexp(-1)                                                     # [D, m+1]
         rest = (logp / t).scatter(1, support, -torch.inf)                               # [D, V]
-        z_rest = rest.logsumexp(-1)
-        rest_draw = race(rest, self.law).argmax(-1)                                     # [D]
-        noise = race(torch.zeros(depth, s, device=logp.device), self.law)             # [D, s]: -log E
-        log_u = torch.rand(depth, device=logp.device, generator=gen).log()
-        tokens, conds = [], []
+        rest_draw, z_rest = inverse_cdf(rest, self.law)                                 # [D], [D]
+        noise = race(torch.zeros(depth, 1, s, device=logp.device), self.law)           # [D, 1, s]: -log E
+        log_u = torch.rand(depth, 1, device=logp.device, generator=gen).log()
+        inside = support.gather(1, (scaled + noise).argmax(-1))                         # [D, m+1]
+        drawn = torch.where(log_u < z_in - torch.logaddexp(z_in, z_rest[:, None]), inside, rest_draw[:, None])
+        match = drawn[..., None] == top_m[:, None, :]                                   # [D, m+1, m]
+        nxt = torch.where(match.any(-1), match.int().argmax(-1), m)                     # the row it picks next
+        nxt_h = nxt.tolist()
+        picked, r = [], 0
         for d in range(depth):
-            cond = (rows[d] @ corrected(d, prev)[0]).float().log_softmax(-1)           # [s]
-            scaled = (cond + share[d]) / t
-            z_in = scaled.logsumexp(-1)
-            inside = support[d, (scaled + noise[d]).argmax()]
-            prev = torch.where(log_u[d] < z_in - torch.logaddexp(z_in, z_rest[d]), inside, rest_draw[d]).view(1)
-            tokens.append(prev), conds.append(cond)
-        mixed = logp.scatter(1, support, torch.stack(conds) + share[:, None])
-        return torch.cat(tokens), self.law.sampler.probs(mixed)
+            picked.append(r)
+            r = nxt_h[d][r]
+        picked = torch.tensor(picked, device=logp.device)
+        steps = torch.arange(depth, device=logp.device)
+        mixed = logp.scatter(1, support, cond[steps, picked])
+        return drawn[steps, picked], self.law.sampler.probs(mixed)
 
     def conditional(self, row: torch.Tensor, support: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor:
         """[1, H] corrected state -> [1, V] log-probs: the full vocabulary's, or the marginal's `logp` [V] with
@@ -133,20 +159,34 @@ class TreeFlashDrafter(BlockDrafter):
         return out[None]
 
     @torch.no_grad()
-    def tables(self, hidden: torch.Tensor, anchor: int, parts: tuple[torch.Tensor, torch.Tensor] | None = None):
-        """Per (depth, candidate previous token): conditional top-k log-probs, tokens, next-depth links.
-        `parts`: this round's parts(hidden), if the caller made them already."""
+    def scored(self, hidden: torch.Tensor, anchor: int, parts: tuple[torch.Tensor, torch.Tensor]) -> Scored:
+        """The head on every (depth, candidate previous token) pair at once: each depth's marginal top-m
+        (depth 0's one candidate is the anchor) and the conditional logits over the support."""
         depth, m = hidden.shape[0], self.top_m
         head, final_norm = self.model.ar_approximation, self.model.model.norm
-        marginal, state = parts or self.parts(hidden)
-        top_m = marginal.topk(m, dim=-1).indices                                     # [D, m]
-        # depth 0 has one candidate (the anchor); depth j > 0 has depth j-1's top-m
+        marginal, state = parts
+        # one top-k serves both: on a CPU each costs as much as the head's biggest matmul
+        ranked = marginal.topk(max(m, self.support), dim=-1).indices                 # [D, max(m, s)]
+        top_m = ranked[:, :m]                                                        # [D, m]
         prev = torch.cat([torch.tensor([anchor], device=hidden.device), top_m[:-1].flatten()])
         pos = torch.arange(depth, device=hidden.device).repeat_interleave(m)[m - 1:]
         delta = head.combine(self.token_part(prev), state.index_select(0, pos))
         states = final_norm(hidden.index_select(0, pos) + delta)                    # [1 + (D-1)m, H]
         states = torch.cat([states[:1].expand(m, -1), states[1:]]).view(depth, m, -1)
-        logp, tokens = self.score(states, marginal)
+        if not self.support:
+            return Scored(top_m, None, self.block.lm_head(states).float())
+        support = ranked[:, :self.support]                                           # [D, s]
+        rows = self.block.lm_head.weight.index_select(0, support.flatten()).view(*support.shape, -1)
+        return Scored(top_m, support, torch.bmm(states, rows.transpose(1, 2)).float())   # [D, m, s]
+
+    @torch.no_grad()
+    def tables(self, hidden: torch.Tensor, anchor: int, parts: tuple[torch.Tensor, torch.Tensor] | None = None,
+               scored: Scored | None = None):
+        """Per (depth, candidate previous token): conditional top-k log-probs, tokens, next-depth links.
+        `parts`, `scored`: this round's, if the caller made them already."""
+        parts = parts or self.parts(hidden)
+        top_m, support, logits = scored or self.scored(hidden, anchor, parts)
+        logp, tokens = self.top(logits, support, parts[0])
         match = tokens[..., None] == top_m[:, None, None, :]                         # [D, m, k, m]
         links = torch.where(match.any(-1), match.int().argmax(-1), -1)
         links[-1] = -1                                                               # the block ends here
@@ -158,22 +198,17 @@ class TreeFlashDrafter(BlockDrafter):
             return self.table.index_select(0, prev)
         return self.model.ar_approximation.token_part(self.block.embed.weight.index_select(0, prev))
 
-    def score(self, states: torch.Tensor, marginal: torch.Tensor):
-        """states [D, m, H] -> the conditional top-k (log-probs at the drafter temperature, tokens) [D, m, k]."""
-        t, weight = self.temperature, self.block.lm_head.weight
-        if not self.support:
-            logp = torch.log_softmax(self.block.lm_head(states).float() / t, dim=-1)
-            top = logp.topk(self.top_k, dim=-1)
+    def top(self, logits: torch.Tensor, support: torch.Tensor | None, marginal: torch.Tensor):
+        """Conditional logits [D, m, s or V] -> the top-k (log-probs at the drafter temperature, tokens)."""
+        t = self.temperature
+        if support is None:
+            top = torch.log_softmax(logits / t, dim=-1).topk(self.top_k, dim=-1)
             return top.values, top.indices
-        support = marginal.topk(self.support, dim=-1).indices                        # [D, s]
-        rows = weight.index_select(0, support.flatten()).view(*support.shape, -1)   # [D, s, H]
-        logits = torch.bmm(states, rows.transpose(1, 2)).float() / t                # [D, m, s]
         # the support keeps the marginal's share of the mass: log P(S) - logsumexp over S of the conditional
         share = torch.log_softmax(marginal / t, dim=-1).gather(1, support).logsumexp(-1)
-        logp = logits - logits.logsumexp(-1, keepdim=True) + share[:, None, None]
+        logp = (logits / t).log_softmax(-1) + share[:, None, None]
         top = logp.topk(self.top_k, dim=-1)
         return top.values, support[:, None, :].expand_as(logits).gather(2, top.indices)
-
 
 def load_treeflash_block(target, drafter_path: str) -> tuple[DFlashBlock, TreeFlashModel]:
     """A published-layout TreeFlash checkpoint in the target's dtype and device, refused if it does not fit."""
