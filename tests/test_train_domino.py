@@ -62,6 +62,31 @@ def test_loss_starts_at_dflash_and_mixes_lambda(target, shift):
     torch.testing.assert_close(half, (corrected + base) / 2)
 
 
+def test_soft_mixes_the_kl_to_the_targets_own_law(target):
+    """soft: (1 - soft) * hard CE + soft * KL(target || corrected) over the same positions; the KL term is the
+    hard CE against the target's own row minus its entropy, checked here from the target's forward alone."""
+    from treegen.train.dflash import soft_mix, target_pass
+
+    torch.manual_seed(3)
+    backbone = DFlashDrafter(tiny_drafter_config(target))
+    head = new_head(backbone, DominoTrainConfig(emb_dim=8, gru_hidden_dim=8))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 63, (2, 32), generator=gen)
+    anchors = sample_anchors(2, 32, 4, 8, gen)
+    with torch.no_grad():
+        hard = domino_loss(backbone, head, target, ids, anchors, 4.0, 0.0, False)[0]
+        full = domino_loss(backbone, head, target, ids, anchors, 4.0, 0.0, False, soft=1.0)[0]
+        half = domino_loss(backbone, head, target, ids, anchors, 4.0, 0.0, False, soft=0.5)[0]
+        torch.testing.assert_close(half, (hard + full) / 2)
+        _, logits = target_pass(target, ids, backbone.config.target_layer_ids)
+        rows = (anchors[..., None] + torch.arange(7)).flatten(1)                 # row anchor + k predicts label k
+        own = logits.gather(1, rows[..., None].expand(-1, -1, 64)).view(2, 4, 7, 64)
+        weights = torch.exp(-torch.arange(7).float() / 4.0)
+        zero = soft_mix(torch.tensor(0.0), own, logits, anchors, weights, 1.0)  # the target's own law: KL 0
+    torch.testing.assert_close(zero, torch.tensor(0.0), atol=1e-5, rtol=0)
+    assert full > 0
+
+
 @pytest.fixture
 def dflash_dir(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM

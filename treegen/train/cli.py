@@ -230,16 +230,19 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
 @click.option("--prefix-len", default=0, show_default=True, help="pure_draft_prefix_len: drafts left uncorrected.")
 @loop_options(lr=1e-3)
 @click.option("--decay", default=0.3, show_default=True, help="joint: lambda falls 1 -> 0 over this fraction.")
+@click.option("--soft", default=0.0, show_default=True, help="Weight of KL to the target's own distribution.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out stream (.pt) or text for the final comparison.")
 @guarded
 def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_label, prefix_len, steps, minutes,
-               batch, seq_len, anchors, lr, decay, heldout, resume, feature_cache, seed):
+               batch, seq_len, anchors, lr, decay, soft, heldout, resume, feature_cache, seed):
     """Train Domino's GRU correction head on a DFlash drafter; writes Domino's published layout to OUT."""
     from .domino import DominoTrainConfig, train_domino_pipeline
 
+    if not 0 <= soft <= 1:
+        raise ValueError(f"--soft must be in [0, 1], got {soft}")
     cfg = DominoTrainConfig(recipe=recipe, emb_dim=emb_dim, gru_hidden_dim=gru_dim, shift_label=shift_label,
                             pure_draft_prefix_len=prefix_len, batch=batch, seq_len=seq_len, anchors=anchors, lr=lr,
-                            max_steps=steps, max_seconds=_budget(minutes), decay=decay, seed=seed,
+                            max_steps=steps, max_seconds=_budget(minutes), decay=decay, soft=soft, seed=seed,
                             feature_cache=_folder(feature_cache))
     train_domino_pipeline(_shipped(target, "target"), _shipped(dflash_path, "drafter"), list(data), out, cfg,
                           heldout=list(heldout), resume=resume, log=_log)

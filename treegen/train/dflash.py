@@ -72,6 +72,26 @@ def target_features(target, ids: torch.Tensor, layer_ids) -> torch.Tensor:
     return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
 
 
+def target_pass(target, ids: torch.Tensor, layer_ids):
+    """One frozen target forward: the drafter's context features and the target's own next-token logits."""
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1), out.logits
+
+
+def soft_mix(loss: torch.Tensor, logits: torch.Tensor, target_logits: torch.Tensor, anchors: torch.Tensor,
+             weights: torch.Tensor, soft: float) -> torch.Tensor:
+    """(1 - soft) * the hard-label loss + soft * the position-weighted KL(target || draft), where draft k of
+    logits [b, n, D, V] predicts ids[anchor + 1 + k], as the target's row anchor + k does: a law calibrated
+    to the target's own (what acceptance at T > 0 rewards), not to one sampled continuation."""
+    b, n, depth, vocab = logits.shape
+    src = (anchors[..., None] + torch.arange(depth)).flatten(1).clamp(max=target_logits.shape[1] - 1)
+    p = target_logits.gather(1, src[..., None].expand(-1, -1, vocab)).float()
+    kl = F.kl_div(torch.log_softmax(logits.flatten(1, 2), -1), torch.log_softmax(p, -1),
+                  log_target=True, reduction="none").sum(-1).view(b, n, depth)
+    return (1 - soft) * loss + soft * (kl * weights).sum(-1).mean() / weights.sum()
+
+
 def sample_anchors(batch: int, seq_len: int, n: int, block: int, gen: torch.Generator,
                    allowed: torch.Tensor | None = None) -> torch.Tensor:
     """[batch, n] distinct anchor positions in [1, seq_len - block]: context >= 1 token, labels in range.

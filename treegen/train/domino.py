@@ -20,7 +20,16 @@ from ..models.dflash import DFlashDrafter
 from ..models.domino import DominoHead, HeadConfig, save_domino
 from .common import LoopConfig, Schedule, fit
 from .data import read_stream
-from .dflash import GAMMA_BY_BLOCK, block_pass, freeze, position_weights, sample_anchors, weighted_ce
+from .dflash import (
+    GAMMA_BY_BLOCK,
+    block_pass,
+    freeze,
+    position_weights,
+    sample_anchors,
+    soft_mix,
+    target_pass,
+    weighted_ce,
+)
 from .features import training_windows
 
 RECIPES = ("head", "joint")
@@ -34,6 +43,7 @@ class DominoTrainConfig(LoopConfig):
     shift_label: bool = False
     pure_draft_prefix_len: int = 0
     decay: float = 0.3        # joint: the fraction of training over which lambda falls from 1 to 0
+    soft: float = 0.0         # weight of KL(target || corrected) against the hard labels (as treeflash's)
     warmup: int = 20          # LR warm-up steps (CPU runs here are a few hundred steps long)
 
     def head(self) -> HeadConfig:
@@ -49,10 +59,13 @@ def new_head(backbone: DFlashDrafter, cfg: DominoTrainConfig) -> DominoHead:
 
 
 def domino_loss(backbone, head: DominoHead, target, ids, anchors, gamma: float, lam: float, train_backbone: bool,
-                features: torch.Tensor | None = None):
-    """(loss, top-1 accuracy of the corrected logits per draft position)."""
+                features: torch.Tensor | None = None, soft: float = 0.0):
+    """(loss, top-1 accuracy of the corrected logits per draft position). soft: the corrected law's KL to
+    the target's own distribution, mixed in (the target's logits need its forward, cached features or not)."""
     hc, block = head.config, backbone.config.block_size
     drafts, first = hc.drafts(block), 0 if hc.shift_label else 1
+    if soft:
+        features, target_logits = target_pass(target, ids, backbone.config.target_layer_ids)
     with torch.set_grad_enabled(train_backbone):
         hidden, tokens = block_pass(backbone, target, ids, anchors, extra_labels=int(hc.shift_label),
                                     features=features)
@@ -63,7 +76,10 @@ def domino_loss(backbone, head: DominoHead, target, ids, anchors, gamma: float, 
     keep = (torch.arange(drafts) >= hc.pure_draft_prefix_len).float()[:, None]      # the pure prefix: base only
     corrected = base + corr * keep
     weights = position_weights(drafts, gamma)
-    loss = (1 - lam) * weighted_ce(corrected, labels, weights)
+    loss = weighted_ce(corrected, labels, weights)
+    if soft:   # label k is ids[anchor + 1 + k], predicted by the target's row anchor + k
+        loss = soft_mix(loss, corrected, target_logits, anchors, weights, soft)
+    loss = (1 - lam) * loss
     if lam > 0:
         loss = loss + lam * weighted_ce(base, labels, weights)
     return loss, (corrected.argmax(-1) == labels).float().mean(dim=(0, 1))
@@ -101,7 +117,7 @@ def train_domino(target, backbone: DFlashDrafter, head: DominoHead, stream: torc
         lam = max(0.0, 1 - sched.progress(*clock.tick()) / cfg.decay) if joint else 0.0
         ids, features, allowed = windows(g)
         anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block + int(hc.shift_label), g, allowed)
-        loss, acc = domino_loss(backbone, head, target, ids, anchors, gamma, lam, joint, features)
+        loss, acc = domino_loss(backbone, head, target, ids, anchors, gamma, lam, joint, features, cfg.soft)
         return loss, cfg.batch * cfg.anchors * block, \
             f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f} lambda {lam:.2f}"
 

@@ -12,11 +12,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..models.treeflash import TreeFlashModel, save_treeflash
 from .common import LoopConfig, Schedule, fit
-from .dflash import GAMMA_BY_BLOCK, block_pass, freeze, position_weights, sample_anchors, weighted_ce
+from .dflash import (
+    GAMMA_BY_BLOCK,
+    block_pass,
+    freeze,
+    position_weights,
+    sample_anchors,
+    soft_mix,
+    target_pass,
+    weighted_ce,
+)
 from .features import training_windows
 
 
@@ -24,13 +32,6 @@ from .features import training_windows
 class TreeFlashTrainConfig(LoopConfig):
     soft: float = 0.0             # weight of KL(target || head) against the hard labels
     ckpt_every: int = 25
-
-
-def target_pass(target, ids: torch.Tensor, layer_ids):
-    """One frozen target forward: the drafter's context features and the target's own next-token logits."""
-    with torch.no_grad():
-        out = target(input_ids=ids, output_hidden_states=True)
-    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1), out.logits
 
 
 def treeflash_loss(model: TreeFlashModel, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float,
@@ -47,13 +48,8 @@ def treeflash_loss(model: TreeFlashModel, target, ids: torch.Tensor, anchors: to
     weights = position_weights(tokens.shape[-1] - 1, gamma)
     loss = weighted_ce(logits, tokens[..., 1:], weights)
     acc = (logits.argmax(-1) == tokens[..., 1:]).float().flatten(0, -2).mean(dim=0)
-    if soft:
-        block = tokens.shape[-1]
-        src = (anchors[..., None] + torch.arange(block - 1)).flatten(1)          # the row predicting x_{a+k}
-        p = target_logits.gather(1, src[..., None].expand(-1, -1, target_logits.shape[-1])).float()
-        kl = F.kl_div(torch.log_softmax(logits.flatten(1, 2), -1), torch.log_softmax(p, -1),
-                      log_target=True, reduction="none").sum(-1).view(tokens[..., 1:].shape)
-        loss = (1 - soft) * loss + soft * (kl * weights).sum(-1).mean() / weights.sum()
+    if soft:   # the row of x_{a+k-1} predicts x_{a+k}
+        loss = soft_mix(loss, logits, target_logits, anchors, weights, soft)
     return loss, acc
 
 
