@@ -20,7 +20,7 @@ from .base import with_siblings, with_spine
 from .dflash import DFlashBlock
 from .domino import HeadDrafter
 
-VARIANTS = ("pruned", "fixed")
+VARIANTS = D.DARTREE_VARIANTS
 
 
 class DARTreeDrafter(HeadDrafter):

@@ -26,6 +26,7 @@ DARTREE_CANDIDATES = 64  # candidate support per depth: the top base-logit token
 DARTREE_WIDTH = 12      # pruned: children kept per depth before the global cut
 DARTREE_DEPTH_BONUS = -0.2  # pruned: added per depth to the path score in the global cut
 DARTREE_VARIANT = "pruned"
+DARTREE_VARIANTS = ("pruned", "fixed")
 TREEFLASH_BUDGET = 64       # nodes verified per round (TreeFlash's tree_size, less the root)
 TREEFLASH_TOP_M = 16        # candidate previous tokens per depth (treeflash_config.candidate_tokens)
 TREEFLASH_TOP_K = 16        # conditional children kept per (depth, candidate)
@@ -33,7 +34,7 @@ TREEFLASH_TEMPERATURE = 1.0  # drafter temperature: rescales the heap's log-prob
 TREEFLASH_SUPPORT_CPU = 64  # on a CPU, score each depth over its marginal top-64 only (0 = full vocabulary)
 TREEFLASH_TABLE_MAX = 2 ** 25  # largest vocab x 2I token table kept on a CPU (fp32: 128 MB)
 # the values a string option takes, checked before anything loads (None: any method that has the option)
-CHOICES = {(None, "dtype"): DTYPES, ("dartree", "variant"): ("pruned", "fixed"), ("d2sd", "branch"): D2SD_BRANCHES}
+CHOICES = {(None, "dtype"): DTYPES, ("dartree", "variant"): DARTREE_VARIANTS, ("d2sd", "branch"): D2SD_BRANCHES}
 # the smallest valid value of numeric options, checked (with the types) before anything loads
 MINIMUM = {("pld", "max_ngram"): 1, ("pld", "min_ngram"): 1, ("pld", "draft_len"): 1, ("pld", "branches"): 1,
            ("ddtree", "budget"): 1, ("ddtree", "top_k"): 0,

@@ -210,6 +210,7 @@ class TreeFlashDrafter(BlockDrafter):
         top = logp.topk(self.top_k, dim=-1)
         return top.values, support[:, None, :].expand_as(logits).gather(2, top.indices)
 
+
 def load_treeflash_block(target, drafter_path: str) -> tuple[DFlashBlock, TreeFlashModel]:
     """A published-layout TreeFlash checkpoint in the target's dtype and device, refused if it does not fit."""
     weight = target.get_input_embeddings().weight
