@@ -32,6 +32,8 @@ class Method:
             options["sample"] = D.SAMPLE   # and, at T > 0, put a chain drawn from its laws first (base.py)
             # with that many drawn children at depth 1, halving with depth: trees only, by default
             options["draws"] = D.TREE_DRAWS if self.tree else D.DRAWS
+            if self.name in D.DRAWN_TREE_METHODS:   # and whether the drawn children get drawn children
+                options["draw_shape"] = D.DRAW_SHAPE
             options["dtype"] = D.DTYPE   # the drafter's precision, whatever the target's (drafters/precision.py)
         return options
 
@@ -155,11 +157,12 @@ def build_drafter(name: str, target, drafter_path: str | None = None, options: d
     if auto_budget(options):  # the drafter drafts its ceiling; the engine trims each round (engine/budget.py)
         options["budget"] = D.AUTO_CEILING
     lookup, sample, draws = options.pop("lookup", False), options.pop("sample", False), options.pop("draws", 1)
+    draw_shape = options.pop("draw_shape", D.DRAW_SHAPE)
     dtype = options.pop("dtype", D.DTYPE)
     drafter = method.build(target, drafter_path, **options)
     if method.needs_drafter:
         from .precision import draft_dtype
-        drafter.sample, drafter.draws = sample, draws
+        drafter.sample, drafter.draws, drafter.draw_shape = sample, draws, draw_shape
         drafter.cast(draft_dtype(dtype, target))
     if lookup:
         from .lookup import LookupFirst

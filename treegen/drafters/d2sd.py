@@ -26,6 +26,7 @@ from ..models.vp_drafter import is_variable_prefix
 from . import defaults as D
 from .base import DraftState, sampled_chain, with_spine
 from .dflash import DFlashBlock, load_block
+from .drawn import drawn_marginal_tree
 
 
 def reach(conf: torch.Tensor) -> torch.Tensor:
@@ -66,6 +67,7 @@ class D2SDDrafter(BuildClock):
         self.target_layer_ids = first.target_layer_ids
         self.sample = D.SAMPLE   # set by build_drafter: at T > 0 a chain drawn from the marginals goes first
         self.draws = D.DRAWS     # and its drawn children per depth (base.with_siblings)
+        self.draw_shape = D.DRAW_SHAPE   # or a whole drawn tree (drafters/drawn.py)
 
     def cast(self, dtype: torch.dtype) -> None:
         """Both drafters in `dtype`, sharing one copy of the target's embedding and lm_head."""
@@ -105,7 +107,8 @@ class D2SDDrafter(BuildClock):
         if not (self.sample and state.sampling):
             with self.building(tokens.device):
                 return keep_best(merge_paths(tokens, lengths, scores), self.budget)
-        spine = sampled_chain(marginal, state, self.draws, self.budget or None)   # drawn first; the branches catch the residual draws
+        drawn = drawn_marginal_tree if self.draw_shape == "tree" else sampled_chain
+        spine = drawn(marginal, state, self.draws, self.budget or None)   # drawn first; the branches catch the residual draws
         with self.building(tokens.device):
             budget = max(self.budget - len(spine), 1) if self.budget else 0
             return with_spine(spine, keep_best(merge_paths(tokens, lengths, scores), budget))

@@ -9,6 +9,7 @@ from . import defaults as D
 from .base import sampled_chain, with_spine
 from .best_first import marginal_tree
 from .dflash import BlockDrafter, DFlashBlock
+from .drawn import drawn_marginal_tree
 
 
 class DDTreeDrafter(BlockDrafter):
@@ -25,5 +26,6 @@ class DDTreeDrafter(BlockDrafter):
         top = torch.topk(logp, min(self.top_k, logp.shape[-1]), dim=-1)
         if self.law is None:
             return marginal_tree(top.values, top.indices, self.budget)
-        spine = sampled_chain(logp, self.law, self.draws, self.budget)
+        drawn = drawn_marginal_tree if self.draw_shape == "tree" else sampled_chain
+        spine = drawn(logp, self.law, self.draws, self.budget)
         return with_spine(spine, marginal_tree(top.values, top.indices, max(self.budget - len(spine), 1)))

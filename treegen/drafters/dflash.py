@@ -93,6 +93,7 @@ class BlockDrafter(BuildClock):
         self.target_layer_ids = block.target_layer_ids
         self.sample, self.law = D.SAMPLE, None   # `sample` (set by build_drafter); this round's law, if drawing
         self.draws = D.DRAWS                     # drawn children per depth, with `sample` (base.with_siblings)
+        self.draw_shape = D.DRAW_SHAPE           # a drawn chain with siblings, or a drawn tree (drafters/drawn.py)
 
     def cast(self, dtype: torch.dtype) -> None:
         """Drafting in `dtype` (the `dtype` option: drafters/precision.py)."""

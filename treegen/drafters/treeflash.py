@@ -15,12 +15,13 @@ from typing import NamedTuple
 
 import torch
 
-from ..engine.tree import DraftTree
+from ..engine.tree import DraftTree, widths
 from ..models.treeflash import TreeFlashModel, fits, load_treeflash
 from . import defaults as D
 from .base import draw, inverse_cdf, law_chain, race, with_siblings, with_spine
 from .best_first import best_first
 from .dflash import BlockDrafter, DFlashBlock
+from .drawn import Level, drawn_tree, first_draws
 
 
 class Scored(NamedTuple):
@@ -80,8 +81,12 @@ class TreeFlashDrafter(BlockDrafter):
         if self.law is None:
             with self.building(hidden.device):
                 return best_first(*tables, self.budget)
-        # sampling: a chain drawn from the head's conditional laws first, the tree on the residual draws
-        spine = with_siblings(self.drawn_chain(hidden, anchor, parts, scored), self.law, self.draws, self.budget)
+        # sampling: drafts drawn from the head's conditional laws first, the tree on the residual draws
+        if self.draw_shape == "tree":
+            spine = self.drawn_tree(hidden, anchor, parts, scored)
+        else:
+            spine = with_siblings(self.drawn_chain(hidden, anchor, parts, scored), self.law, self.draws,
+                                  self.budget)
         with self.building(hidden.device):
             return with_spine(spine, best_first(*tables, max(self.budget - len(spine), 1)))
 
@@ -148,15 +153,96 @@ class TreeFlashDrafter(BlockDrafter):
         mixed = logp.scatter(1, support, cond[steps, picked])
         return drawn[steps, picked], self.law.sampler.probs(mixed)
 
-    def conditional(self, row: torch.Tensor, support: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor:
-        """[1, H] corrected state -> [1, V] log-probs: the full vocabulary's, or the marginal's `logp` [V] with
+    def drawn_tree(self, hidden: torch.Tensor, anchor: int, parts: tuple[torch.Tensor, torch.Tensor],
+                   scored: Scored) -> DraftTree:
+        """T > 0 with `draw_shape: tree`: depth by depth, every expanded node's children are drawn from the head
+        conditioned on that node's own token (any token, not only the tables' top-m candidates: its token
+        half is a row of the table), scored over the support as the tables are, or the whole vocabulary."""
+        head, final_norm = self.model.ar_approximation, self.model.model.norm
+        marginal, state = parts
+        logp = torch.log_softmax(marginal, dim=-1)
+
+        def states(d: int, prev: torch.Tensor) -> torch.Tensor:
+            delta = head.combine(self.token_part(prev), state[d:d + 1].expand(len(prev), -1))
+            return final_norm(hidden[d:d + 1] + delta)                             # [F, H]
+
+        if scored.support is not None and self.law.sampler.plain:
+            expand, stack = self.support_draws(states, scored, logp)
+            return drawn_tree(expand, anchor, hidden.shape[0], self.draws, self.budget, hidden.device, stack)
+
+        def expand(d: int, prev: torch.Tensor, width: int) -> Level:
+            support = None if scored.support is None else scored.support[d]
+            return first_draws(self.law.sampler.probs(self.conditional(states(d, prev), support, logp[d])),
+                               self.law, width)
+
+        return drawn_tree(expand, anchor, hidden.shape[0], self.draws, self.budget, hidden.device)
+
+    def support_draws(self, states, scored: Scored, logp: torch.Tensor):
+        """The drawn tree's expand and stack under a plain temperature t over a support: a node's law is its
+        support part (its own) and the rest (the marginal's, the same for every node of a depth), so the
+        rest's best keys of the race are drawn once for every depth up front, and each expansion only
+        scores its nodes' support rows and picks their first draws among those keys and the rest's. Past
+        the branching depths (one node, one draw a depth) the chain reads the tables instead: the law of
+        its previous token's row there (the marginal's for a token outside the top-m), drawn up front. The
+        laws themselves ([N, V]) are made once, for the nodes that were expanded."""
+        top_m, support, logits = scored
+        t, (depth, s) = self.law.sampler.temperature, support.shape
+        share = logp.gather(1, support).logsumexp(-1)                                  # [D] log P(support)
+        rest = (logp / t).scatter(1, support, -torch.inf)                              # [D, V]
+        z_rest = rest.logsumexp(-1)
+        start = next((d for d, w in enumerate(widths(self.draws, depth)) if w == 1 and d > 0), depth)
+        noise = race(torch.zeros(depth, s, device=logp.device), self.law)             # [D, s]: a depth's nodes share it
+        best = race(rest[:start], self.law).topk(min(self.draws, rest.shape[-1]), dim=-1)   # [start, W]
+        rows = self.block.lm_head.weight[support]                                      # [D, s, H]
+        tail = self.tail_draws(scored, logp, share, z_rest, rest, noise, start) if start < depth else None
+        candidates = [{tok: r for r, tok in enumerate(row)} for row in top_m.tolist()]
+
+        def expand(d: int, prev: torch.Tensor, width: int) -> Level:
+            if d >= start:   # the shape is one node, one draw a depth from here on
+                r = candidates[d - 1].get(int(prev[0]), top_m.shape[1])                # the parent's row at depth d
+                return Level(tail[0][d, r:r + 1, None], tail[1][d, r:r + 1, None], (d, tail[2][d, r:r + 1]))
+            f = len(prev)
+            inside = ((states(d, prev) @ rows[d].T).float().log_softmax(-1) + share[d]) / t      # [F, s]
+            norm = torch.logaddexp(inside.logsumexp(-1), z_rest[d])
+            keys = torch.cat([inside + noise[d], best.values[d].expand(f, -1)], -1).topk(width, dim=-1)
+            ids = torch.cat([support[d].expand(f, -1), best.indices[d].expand(f, -1)], -1).gather(1, keys.indices)
+            base = torch.cat([inside, rest[d, best.indices[d]].expand(f, -1)], -1).gather(1, keys.indices)
+            return Level(ids, base - norm[:, None], (d, inside))
+
+        def stack(levels: list) -> torch.Tensor:
+            at = torch.tensor([d for d, inside in levels for _ in range(len(inside))], device=logp.device)
+            inside = torch.cat([inside for _, inside in levels])
+            return torch.softmax((logp[at] / t).scatter(1, support[at], inside), dim=-1)
+
+        return expand, stack
+
+    def tail_draws(self, scored: Scored, logp, share, z_rest, rest, noise, start: int):
+        """(tokens [D, m+1], log q [D, m+1], support parts [D, m+1, s]): one draw for every row of the tables at
+        depths >= start, where the drawn tree is a chain. The rest's race winner is a draw from the rest's law
+        whose key is z_rest + Gumbel noise, independent of which token won (Gumbel-max), so one uniform for
+        each draws it (inverse_cdf) instead of a race over the vocabulary."""
+        t = self.law.sampler.temperature
+        rows = torch.cat([scored.logits.float(), logp.gather(1, scored.support)[:, None]], 1)    # [D, m+1, s]
+        inside = (rows.log_softmax(-1) + share[:, None, None]) / t
+        norm = torch.logaddexp(inside.logsumexp(-1), z_rest[:, None])                          # [D, m+1]
+        key, at = (inside + noise[:, None]).max(-1)
+        rest_token, _ = inverse_cdf(rest[start:], self.law)
+        rest_token = torch.cat([rest_token.new_zeros(start), rest_token])[:, None]             # [D, 1]
+        rest_key = z_rest[:, None] + race(torch.zeros_like(z_rest[:, None]), self.law)
+        outside = rest_key > key                                                                # the rest wins the race
+        tokens = torch.where(outside, rest_token, scored.support.gather(1, at))
+        base = torch.where(outside, rest.gather(1, rest_token), inside.gather(2, at[..., None])[..., 0])
+        return tokens, base - norm, inside
+
+    def conditional(self, rows: torch.Tensor, support: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor:
+        """[F, H] corrected states -> [F, V] log-probs: the full vocabulary's, or the marginal's `logp` [V] with
         the support's share of it spread by the conditional (as score() does: no token loses all its mass)."""
         if support is None:
-            return self.block.lm_head(row).float()
-        cond = (row @ self.block.lm_head.weight.index_select(0, support).T)[0].float().log_softmax(-1)
-        out = logp.clone()
-        out[support] = cond + logp[support].logsumexp(-1)
-        return out[None]
+            return self.block.lm_head(rows).float()
+        cond = (rows @ self.block.lm_head.weight.index_select(0, support).T).float().log_softmax(-1)
+        out = logp.expand(len(rows), -1).clone()
+        out[:, support] = cond + logp[support].logsumexp(-1)
+        return out
 
     @torch.no_grad()
     def scored(self, hidden: torch.Tensor, anchor: int, parts: tuple[torch.Tensor, torch.Tensor]) -> Scored:

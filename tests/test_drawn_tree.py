@@ -1,0 +1,123 @@
+"""Drawn trees (`draw_shape: tree`): every drawn node's children are drawn from the law its own token
+selects, and the engine's recursive rejection sampling keeps the target's distribution exactly; the shape
+never depends on the draws; on the demo pair each method's drawn nodes carry the laws they came from."""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_sampled_chain import SampledChainDrafter
+from test_sampling_distribution import CONFIGS, PROMPT, VOCAB, chi_square, exact_joint, first_three
+
+from treegen.drafters.base import with_spine
+from treegen.drafters.drawn import Level, drawn_tree, first_draws, shape
+from treegen.engine.tree import DraftTree
+
+
+def test_shape_halves_children_per_rank_and_cuts_breadth_first():
+    nodes = shape((4, 2, 2), 100)
+    parents = [p for p, _, _ in nodes]
+    assert parents[:4] == [-1] * 4                       # the anchor's 4 draws
+    assert parents[4:7] == [0, 0, 1]                      # rank 0 gets 2 children, rank 1 gets 1, later none
+    assert parents[7:] == [4, 4, 5, 6]                    # rank sums 0, 0 -> 2; 1 -> 1; 1 -> 1
+    assert all(p < i for i, (p, _, _) in enumerate(nodes))
+    assert shape((4, 2, 2), 5) == nodes[:5]               # a budget keeps a breadth-first prefix
+    assert [j for p, _, j in nodes if p == 0] == [0, 1]   # a node's children are its first draws, in order
+
+
+def test_drawn_tree_asks_each_parent_its_law_and_drops_what_a_law_cannot_draw():
+    """Depth 1 from the anchor's law; depth 2: a parent's law depends on its token; a law of one token
+    gives one child, the rest of that parent's slots are dropped, and their would-be children too."""
+    laws = {-1: [0.5, 0.3, 0.2, 0.0], 0: [0.0, 1.0, 0.0, 0.0], 1: [0.25, 0.25, 0.25, 0.25], 2: [0.0, 0.0, 0.0, 1.0]}
+    asked = []
+
+    def expand(d, parents, width):
+        asked.append((d, parents.tolist(), width))
+        q = torch.tensor([laws[int(p)] for p in parents])
+        order = q.argsort(dim=-1, descending=True, stable=True)[:, :width]   # a fixed "draw" order: the test's
+        return Level(order, q.log().gather(1, order), q)
+
+    tree = drawn_tree(expand, -1, 3, 4, None, "cpu")
+    # widths 4, 2, 1: the anchor's 4th draw (q 0) is dropped; depth-1 ranks 0 and 1 get 2 and 1 children,
+    # token 0's second draw is dropped (q 0); only the rank-0 chain reaches depth 3
+    assert asked == [(0, [-1], 4), (1, [0, 1], 2), (2, [1], 1)]
+    assert tree.tokens.tolist() == [0, 1, 2, 1, 0, 0]
+    assert tree.parents.tolist() == [-1, -1, -1, 0, 1, 3]
+    assert tree.law.tolist() == [0, 0, 0, 1, 2, 3] and torch.equal(tree.q[1], torch.tensor(laws[0]))
+    assert torch.allclose(tree.scores.exp(), torch.tensor([0.5, 0.3, 0.2, 0.5, 0.075, 0.125]))
+
+
+class DrawnTreeDrafter(SampledChainDrafter):
+    """After the first token: a depth-2 drawn tree (4 draws from q2, then 2 / 1 drawn children by rank); a
+    child's law depends on its parent when the parent is one of q2's two likeliest tokens (links), else one
+    shared law; `siblings` adds the deterministic nodes of SampledChainDrafter behind it."""
+    name = "drawn-tree"
+
+    def propose(self, state) -> DraftTree:
+        done = state.tokens.tolist()[len(PROMPT):]
+        if len(done) != 1:
+            return DraftTree.empty()
+        y1 = done[0]
+        q2 = self.law(self.l2[y1], self.noise2[y1])
+        linked = q2.topk(2).indices
+        q3 = torch.stack([self.law(self.l3[y1, a], self.noise3[y1, a]) for a in linked.tolist()]
+                         + [self.law(self.l3[y1].mean(0), self.noise3[y1, 0])])
+        rows = dict(zip(linked.tolist(), q3[:2]))
+
+        def expand(d, parents, width):   # depth 1: q2; depth 2: the parent's own law, or the shared one
+            q = torch.stack([q2 if d == 0 else rows.get(int(p), q3[2]) for p in parents])
+            return first_draws(q, state, width)
+
+        tree = drawn_tree(expand, y1, 2, 4, None, "cpu")
+        if not self.siblings:
+            return tree
+        tokens, parents, scores = [], [], []   # the target's top 2 under the anchor, 2 under each
+        logp2, logp3 = self.l2[y1].log_softmax(-1), self.l3[y1].log_softmax(-1)
+        for a in logp2.topk(2).indices.tolist():   # may repeat a drawn token: dedup merges it into the drawn node
+            tokens.append(a), parents.append(-1), scores.append(float(logp2[a]))
+            node = len(tokens) - 1
+            for b in logp3[a].topk(2).indices.tolist():
+                tokens.append(b), parents.append(node), scores.append(float(logp2[a] + logp3[a, b]))
+        det = DraftTree(torch.tensor(tokens), torch.tensor(parents), None, torch.tensor(scores))
+        return with_spine(tree, det)
+
+
+@pytest.mark.parametrize("name, siblings", [("temperature", False), ("top_k", True), ("top_p", True)])
+def test_drawn_tree_matches_target_distribution(name, siblings):
+    from test_sampling_distribution import TinyCausalLM
+    target = TinyCausalLM().eval()
+    sampler = CONFIGS[name]
+    counts, deep = first_three(target, DrawnTreeDrafter(target, siblings), sampler, 8_000, seed=43)
+    stat, threshold = chi_square(counts, exact_joint(target, sampler))
+    assert deep > 800, f"depth 2 accepted only {deep} times: the test would not exercise the tree"
+    assert stat < threshold, f"{name}: chi-square {stat:.1f} >= {threshold:.1f}"
+
+
+@pytest.mark.parametrize("method, drafter", [("ddtree", "demo"), ("treeflash", "demo/treeflash"), ("d2sd", "demo")])
+def test_demo_methods_draw_trees(method, drafter, monkeypatch):
+    """On the shipped pair with `draw_shape: tree`: T=0 unchanged (equal to ar); at T=1 drawn nodes below
+    depth 1 hang under more than one parent, each draft possible under its law, scores its path log q."""
+    import treegen.engine.generate as engine
+    from treegen.api import Generator
+    from treegen.engine import verify
+
+    ar = Generator(target="demo", method="ar")
+    gen = ar.with_method(method, drafter, {"draw_shape": "tree"})
+    prompt = "def parse_header(line):\n"
+    greedy = ar.generate(prompt, max_new_tokens=24, temperature=0).token_ids
+    assert gen.generate(prompt, max_new_tokens=24, temperature=0).token_ids == greedy
+    trees = []
+
+    def recording(tree, logits, sampler, generator=None):
+        trees.append(tree)
+        return verify.verify_tree(tree, logits, sampler, generator)
+    monkeypatch.setattr(engine, "verify_tree", recording)
+    assert len(gen.generate(prompt, max_new_tokens=24, temperature=1.0, seed=5).token_ids) == 24
+    for tree in (t for t in trees if t.drawn > 16):
+        n = tree.drawn
+        drawn, parents = tree.tokens[:n], tree.parents[:n]
+        assert bool((tree.q[tree.law[:n]].gather(1, drawn[:, None]) > 0).all())
+        assert len(set(parents[tree.depth[:n] == 2].tolist())) > 1
+        logq = tree.q[tree.law[:n]].gather(1, drawn[:, None])[:, 0].log()
+        own = tree.scores[:n] - torch.where(parents >= 0, tree.scores[:n][parents.clamp(min=0)], 0.0)
+        assert torch.allclose(own, logq, atol=1e-3)
+    assert any(t.drawn > 16 for t in trees)
