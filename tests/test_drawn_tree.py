@@ -9,8 +9,9 @@ from test_sampled_chain import SampledChainDrafter
 from test_sampling_distribution import CONFIGS, PROMPT, VOCAB, chi_square, exact_joint, first_three
 
 from treegen.drafters.base import with_spine
-from treegen.drafters.drawn import Level, drawn_tree, first_draws, shape
+from treegen.drafters.drawn import Level, drawn_tree, first_draws
 from treegen.engine.tree import DraftTree
+from treegen.engine.tree import drawn_shape as shape
 
 
 def test_shape_halves_children_per_rank_and_cuts_breadth_first():
@@ -30,8 +31,8 @@ def test_drawn_tree_asks_each_parent_its_law_and_drops_what_a_law_cannot_draw():
     laws = {-1: [0.5, 0.3, 0.2, 0.0], 0: [0.0, 1.0, 0.0, 0.0], 1: [0.25, 0.25, 0.25, 0.25], 2: [0.0, 0.0, 0.0, 1.0]}
     asked = []
 
-    def expand(d, parents, width):
-        asked.append((d, parents.tolist(), width))
+    def expand(d, parents, width, up):
+        asked.append((d, parents.tolist(), width, up.tolist()))
         q = torch.tensor([laws[int(p)] for p in parents])
         order = q.argsort(dim=-1, descending=True, stable=True)[:, :width]   # a fixed "draw" order: the test's
         return Level(order, q.log().gather(1, order), q)
@@ -39,7 +40,7 @@ def test_drawn_tree_asks_each_parent_its_law_and_drops_what_a_law_cannot_draw():
     tree = drawn_tree(expand, -1, 3, 4, None, "cpu")
     # widths 4, 2, 1: the anchor's 4th draw (q 0) is dropped; depth-1 ranks 0 and 1 get 2 and 1 children,
     # token 0's second draw is dropped (q 0); only the rank-0 chain reaches depth 3
-    assert asked == [(0, [-1], 4), (1, [0, 1], 2), (2, [1], 1)]
+    assert asked == [(0, [-1], 4, [0]), (1, [0, 1], 2, [0, 0]), (2, [1], 1, [0])]
     assert tree.tokens.tolist() == [0, 1, 2, 1, 0, 0]
     assert tree.parents.tolist() == [-1, -1, -1, 0, 1, 3]
     assert tree.law.tolist() == [0, 0, 0, 1, 2, 3] and torch.equal(tree.q[1], torch.tensor(laws[0]))
@@ -51,6 +52,7 @@ class DrawnTreeDrafter(SampledChainDrafter):
     child's law depends on its parent when the parent is one of q2's two likeliest tokens (links), else one
     shared law; `siblings` adds the deterministic nodes of SampledChainDrafter behind it."""
     name = "drawn-tree"
+    draw_shape = "tree"   # what `budget: auto` costs the drawn part by
 
     def propose(self, state) -> DraftTree:
         done = state.tokens.tolist()[len(PROMPT):]
@@ -63,7 +65,7 @@ class DrawnTreeDrafter(SampledChainDrafter):
                          + [self.law(self.l3[y1].mean(0), self.noise3[y1, 0])])
         rows = dict(zip(linked.tolist(), q3[:2]))
 
-        def expand(d, parents, width):   # depth 1: q2; depth 2: the parent's own law, or the shared one
+        def expand(d, parents, width, up):   # depth 1: q2; depth 2: the parent's own law, or the shared one
             q = torch.stack([q2 if d == 0 else rows.get(int(p), q3[2]) for p in parents])
             return first_draws(q, state, width)
 
@@ -92,7 +94,23 @@ def test_drawn_tree_matches_target_distribution(name, siblings):
     assert stat < threshold, f"{name}: chi-square {stat:.1f} >= {threshold:.1f}"
 
 
-@pytest.mark.parametrize("method, drafter", [("ddtree", "demo"), ("treeflash", "demo/treeflash"), ("d2sd", "demo")])
+def test_auto_budget_costs_a_drawn_tree_by_its_shape_and_keeps_the_distribution():
+    """`budget: auto` cuts a drawn tree by depth (never by what was drawn), costing each depth by the shape's
+    nodes, and the output keeps the target's distribution."""
+    from test_sampled_chain import TRIMMING
+    from test_sampling_distribution import TinyCausalLM
+
+    from treegen.engine.budget import nominal_counts
+    assert nominal_counts(4, 3, "chain") == [4, 2, 1] and nominal_counts(4, 3, "tree") == [4, 3, 1]
+    target = TinyCausalLM().eval()
+    sampler = CONFIGS["temperature"]
+    counts, _ = first_three(target, DrawnTreeDrafter(target, True), sampler, 8_000, seed=47, verify_cost=TRIMMING)
+    stat, threshold = chi_square(counts, exact_joint(target, sampler))
+    assert stat < threshold, f"chi-square {stat:.1f} >= {threshold:.1f}"
+
+
+@pytest.mark.parametrize("method, drafter", [("ddtree", "demo"), ("treeflash", "demo/treeflash"),
+                                             ("dartree", "demo/domino"), ("d2sd", "demo")])
 def test_demo_methods_draw_trees(method, drafter, monkeypatch):
     """On the shipped pair with `draw_shape: tree`: T=0 unchanged (equal to ar); at T=1 drawn nodes below
     depth 1 hang under more than one parent, each draft possible under its law, scores its path log q."""

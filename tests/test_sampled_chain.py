@@ -173,7 +173,7 @@ def test_auto_budget_trim_keeps_the_distribution_of_drawn_trees(target):
     assert stat < threshold, f"chi-square {stat:.1f} >= {threshold:.1f}"
 
 
-def trim_drawn_by_score(self, tree):
+def trim_drawn_by_score(self, tree, shape="chain"):
     """WRONG: drawn nodes trimmed by path score like deterministic ones: a draft kept for being likely."""
     scores, order = torch.sort(tree.scores.float().cpu(), descending=True, stable=True)
     keep = torch.zeros(len(tree), dtype=torch.bool)

@@ -18,6 +18,7 @@ from ..engine.tree import DraftTree
 from . import defaults as D
 from .base import with_siblings, with_spine
 from .dflash import DFlashBlock
+from .drawn import Level, drawn_tree, first_draws
 from .domino import HeadDrafter
 
 VARIANTS = D.DARTREE_VARIANTS
@@ -49,8 +50,28 @@ class DARTreeDrafter(HeadDrafter):
     def draft(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor) -> DraftTree:
         if self.law is None:
             return self.grow(anchor, z, base, self.budget)
-        spine = with_siblings(self.chain(anchor, z, base), self.law, self.draws, self.budget)   # drawn first
+        if self.draw_shape == "tree":   # drawn first: a tree, each node's law from its own GRU state
+            spine = self.drawn_tree(anchor, z, base)
+        else:                           # or Domino's drawn chain with its siblings
+            spine = with_siblings(self.chain(anchor, z, base), self.law, self.draws, self.budget)
         return with_spine(spine, self.grow(anchor, z, base, max(self.budget - len(spine), 1)))
+
+    def drawn_tree(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor) -> DraftTree:
+        """T > 0 with `draw_shape: tree`: depth by depth, each expanded node's GRU state (its parent's, stepped
+        on its token, in one batched cell) gives its corrected law over the whole vocabulary, as Domino's
+        chain does, and its children are that law's first draws."""
+        t, pure = self.tables, self.prefix_len(z.shape[0])
+        z_proj = z @ t.w_z.T
+        states: list[torch.Tensor] = []
+
+        def expand(d: int, prev: torch.Tensor, width: int, up: torch.Tensor) -> Level:
+            states.append(t.root_state(prev) if d == 0 else t.gru_step(prev, states[-1][up]))
+            logits = base[d:d + 1].expand(len(prev), -1)
+            if d >= pure:
+                logits = logits + (t.hidden_part(z_proj[d:d + 1], states[-1]) @ t.w2.T).float()
+            return first_draws(self.law.sampler.probs(logits), self.law, width)
+
+        return drawn_tree(expand, int(anchor[0]), z.shape[0], self.draws, self.budget, z.device)
 
     def grow(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor, budget: int) -> DraftTree:
         t, depth = self.tables, z.shape[0]

@@ -9,9 +9,9 @@ DRAWS = 1               # with `sample`: drawn children at depth 1 (half as many
 DTYPE = "auto"          # any drafter's method: its compute precision; auto = bf16 for an fp32 target on a CPU with
                         #   native bf16 dot products (3.6x faster matmuls there, docs/methods.md), else the target's
 DTYPES = ("auto", "fp32", "bf16", "fp16")
-DRAW_SHAPE = "chain"    # with `sample`, a tree method's drawn part: chain = the first draws' chain with its siblings;
+DRAW_SHAPE = "tree"     # with `sample`, a tree method's drawn part: chain = the first draws' chain with its siblings;
 DRAW_SHAPES = ("chain", "tree")   # tree = every drawn node's children drawn too (drafters/drawn.py)
-DRAWN_TREE_METHODS = ("ddtree", "treeflash", "d2sd")   # the methods that draw trees
+DRAWN_TREE_METHODS = ("ddtree", "treeflash", "dartree", "d2sd")   # the methods that draw trees
 TREE_DRAWS = 16         # the tree methods' default (docs/benchmarks.md: acceptance rose to 16 at T=1)
 DDTREE_BUDGET = 64      # nodes verified per round (DDTree's common default)
 AUTO = "auto"           # `budget: auto`: the drafter drafts AUTO_CEILING nodes, the engine trims each round
@@ -32,6 +32,7 @@ DARTREE_VARIANT = "pruned"
 DARTREE_VARIANTS = ("pruned", "fixed")
 TREEFLASH_BUDGET = 64       # nodes verified per round (TreeFlash's tree_size, less the root)
 TREEFLASH_TOP_M = 16        # candidate previous tokens per depth (treeflash_config.candidate_tokens)
+TREEFLASH_DRAWN_TOP_M = 4   # candidates of the tables behind a drawn tree (T > 0): its tail and a few nodes
 TREEFLASH_TOP_K = 16        # conditional children kept per (depth, candidate)
 TREEFLASH_TEMPERATURE = 1.0  # drafter temperature: rescales the heap's log-probs, not which tokens are kept
 TREEFLASH_SUPPORT_CPU = 64  # on a CPU, score each depth over its marginal top-64 only (0 = full vocabulary)

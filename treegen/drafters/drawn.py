@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from ..engine.drafter import DraftState
-from ..engine.tree import DraftTree, widths
+from ..engine.tree import DraftTree, drawn_shape, widths
 from .base import race
 
 
@@ -32,41 +32,26 @@ class Level(NamedTuple):
     q: object              # [F, V] each parent's law (or what drawn_tree's `stack` turns into those rows)
 
 
-@functools.lru_cache(maxsize=64)
-def shape(counts: tuple[int, ...], budget: int) -> tuple[tuple[int, int, int], ...]:
-    """(parent, depth index, rank) of each node in breadth-first order, at most `budget` nodes."""
-    nodes: list[tuple[int, int, int]] = []
-    frontier = [(-1, 0)]   # (node, rank sum)
-    for d, w in enumerate(counts):
-        nxt = []
-        for node, s in frontier:
-            for j in range(w >> s):
-                if len(nodes) == budget:
-                    return tuple(nodes)
-                nodes.append((node, d, j))
-                nxt.append((len(nodes) - 1, s + j))
-        frontier = nxt
-    return tuple(nodes)
-
-
 def first_draws(q: torch.Tensor, state: DraftState, width: int) -> Level:
     """[F, V] laws -> each one's first `width` draws without replacement (the exponential race)."""
     keys = race(q.log(), state).topk(min(width, q.shape[-1]), dim=-1)
     return Level(keys.indices, q.log().gather(1, keys.indices), q)
 
 
-def drawn_tree(expand: Callable[[int, torch.Tensor, int], Level], anchor: int, depth: int, draws: int,
-               budget: int | None, device, stack: Callable[[list], torch.Tensor] = torch.cat) -> DraftTree:
-    """Depth by depth: expand(d, parent tokens [F], width) gives the draws of the F parents whose children
-    sit at depth index d (d = 0: the anchor alone), each parent's law becoming a row of DraftTree.q
+def drawn_tree(expand: Callable[..., Level], anchor: int, depth: int, draws: int, budget: int | None, device,
+               stack: Callable[[list], torch.Tensor] = torch.cat) -> DraftTree:
+    """Depth by depth: expand(d, parent tokens [F], width, up) gives the draws of the F parents whose children
+    sit at depth index d (d = 0: the anchor alone; up [F]: each parent's own parent among the previous
+    call's, for a method whose state follows the path), each parent's law becoming a row of DraftTree.q
     (stack: the levels' q -> those rows, made once at the end)."""
-    nodes = shape(tuple(widths(draws, depth)), budget or 1 << 30)
+    nodes = drawn_shape(tuple(widths(draws, depth)), budget or 1 << 30)
     tokens: list[int] = []     # per shape slot: its token (None: dropped past its law's support)
     scores: list[float] = []
     law: list[int] = []
     laws = []
     rows = 0
     start = 0
+    where: dict[int, int] = {-1: 0}   # node -> its place among the parents of the last expand call
     for d in range(depth):
         end = start
         while end < len(nodes) and nodes[end][1] == d:
@@ -75,7 +60,8 @@ def drawn_tree(expand: Callable[[int, torch.Tensor, int], Level], anchor: int, d
         if not parents:
             break
         ids = torch.tensor([anchor if p < 0 else tokens[p] for p in parents], device=device)
-        level = expand(d, ids, max(n[2] for n in nodes[start:end]) + 1)
+        up = torch.tensor([where[nodes[p][0]] if p >= 0 else 0 for p in parents], device=device)
+        level = expand(d, ids, max(n[2] for n in nodes[start:end]) + 1, up)
         laws.append(level.q)
         drawn, logq = level.tokens.tolist(), level.logq.tolist()
         where = {p: f for f, p in enumerate(parents)}
@@ -108,7 +94,7 @@ def drawn_marginal_tree(logits: torch.Tensor, state: DraftState, draws: int, bud
     from the marginal law of depth d+1, whatever its token, so one race a depth serves them all."""
     level = first_draws(state.sampler.probs(logits), state, draws)
 
-    def expand(d: int, parents: torch.Tensor, width: int) -> Level:
+    def expand(d: int, parents: torch.Tensor, width: int, up: torch.Tensor) -> Level:
         f = len(parents)
         return Level(level.tokens[d:d + 1].expand(f, -1), level.logq[d:d + 1].expand(f, -1),
                      level.q[d:d + 1].expand(f, -1))

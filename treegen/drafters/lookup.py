@@ -61,6 +61,10 @@ class LookupFirst:
         self.first = True      # the next proposal is the generation's first
 
     @property
+    def draw_shape(self) -> str:   # the engine's auto budget costs a drawn part by it
+        return getattr(self.inner, "draw_shape", "chain")
+
+    @property
     def t_build(self) -> float:   # the engine reads the tree build time of the last proposal
         return getattr(self.inner, "t_build", 0.0) if self.way == "tree" else 0.0
 

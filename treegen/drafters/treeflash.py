@@ -76,13 +76,15 @@ class TreeFlashDrafter(BlockDrafter):
     def draft(self, anchor: int, depth: int) -> DraftTree:
         hidden = self.block.hidden(anchor, normed=False)[1:1 + depth]   # [D, H] before the final norm
         parts = self.parts(hidden)
-        scored = self.scored(hidden, anchor, parts)
+        grown = self.law is not None and self.draw_shape == "tree"
+        # a drawn tree takes most of the budget: the tables only feed its tail and a few deterministic nodes
+        scored = self.scored(hidden, anchor, parts, min(self.top_m, D.TREEFLASH_DRAWN_TOP_M) if grown else None)
         tables = self.tables(hidden, anchor, parts, scored)
         if self.law is None:
             with self.building(hidden.device):
                 return best_first(*tables, self.budget)
         # sampling: drafts drawn from the head's conditional laws first, the tree on the residual draws
-        if self.draw_shape == "tree":
+        if grown:
             spine = self.drawn_tree(hidden, anchor, parts, scored)
         else:
             spine = with_siblings(self.drawn_chain(hidden, anchor, parts, scored), self.law, self.draws,
@@ -170,7 +172,7 @@ class TreeFlashDrafter(BlockDrafter):
             expand, stack = self.support_draws(states, scored, logp)
             return drawn_tree(expand, anchor, hidden.shape[0], self.draws, self.budget, hidden.device, stack)
 
-        def expand(d: int, prev: torch.Tensor, width: int) -> Level:
+        def expand(d: int, prev: torch.Tensor, width: int, up: torch.Tensor) -> Level:
             support = None if scored.support is None else scored.support[d]
             return first_draws(self.law.sampler.probs(self.conditional(states(d, prev), support, logp[d])),
                                self.law, width)
@@ -197,7 +199,7 @@ class TreeFlashDrafter(BlockDrafter):
         tail = self.tail_draws(scored, logp, share, z_rest, rest, noise, start) if start < depth else None
         candidates = [{tok: r for r, tok in enumerate(row)} for row in top_m.tolist()]
 
-        def expand(d: int, prev: torch.Tensor, width: int) -> Level:
+        def expand(d: int, prev: torch.Tensor, width: int, up: torch.Tensor) -> Level:
             if d >= start:   # the shape is one node, one draw a depth from here on
                 r = candidates[d - 1].get(int(prev[0]), top_m.shape[1])                # the parent's row at depth d
                 return Level(tail[0][d, r:r + 1, None], tail[1][d, r:r + 1, None], (d, tail[2][d, r:r + 1]))
@@ -245,10 +247,12 @@ class TreeFlashDrafter(BlockDrafter):
         return out
 
     @torch.no_grad()
-    def scored(self, hidden: torch.Tensor, anchor: int, parts: tuple[torch.Tensor, torch.Tensor]) -> Scored:
+    def scored(self, hidden: torch.Tensor, anchor: int, parts: tuple[torch.Tensor, torch.Tensor],
+               m: int | None = None) -> Scored:
         """The head on every (depth, candidate previous token) pair at once: each depth's marginal top-m
-        (depth 0's one candidate is the anchor) and the conditional logits over the support."""
-        depth, m = hidden.shape[0], self.top_m
+        (depth 0's one candidate is the anchor; m: top_m unless given) and the conditional logits over the
+        support."""
+        depth, m = hidden.shape[0], m or self.top_m
         head, final_norm = self.model.ar_approximation, self.model.model.norm
         marginal, state = parts
         # one top-k serves both: on a CPU each costs as much as the head's biggest matmul

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .tree import DraftTree, widths
+from .tree import DraftTree, drawn_shape, widths
 
 MEASURED_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 SCORE_FLOOR, BIN_WIDTH = -16.0, 0.5   # path log-probs below the floor share the last bin
@@ -201,7 +201,8 @@ class AutoBudget:
             return True
         return False
 
-    def trim(self, tree: DraftTree, t_draft: float) -> DraftTree:
+    def trim(self, tree: DraftTree, t_draft: float, shape: str = "chain") -> DraftTree:
+        """shape: the drafter's `draw_shape` (the drawn part's nominal nodes a depth, for the cost)."""
         if tree.scores is None or len(tree) == 0:
             return tree  # a method without path scores keeps its own size (prompt-lookup rounds too)
         if self.t_draft is None:
@@ -209,14 +210,14 @@ class AutoBudget:
         elif not self.catching_up:  # a pass folding a rest's context is not a typical one
             self.t_draft = 0.8 * self.t_draft + 0.2 * t_draft
         if tree.drawn:
-            return self.trim_drawn(tree)
+            return self.trim_drawn(tree, shape)
         # stable: on equal scores the lower index (a parent before its child) comes first
         scores, order = torch.sort(tree.scores.float().cpu(), descending=True, stable=True)
         keep = torch.zeros(len(tree), dtype=torch.bool)
         keep[order[:self.choose(scores)]] = True
         return tree.select(keep.to(tree.tokens.device))
 
-    def trim_drawn(self, tree: DraftTree) -> DraftTree:
+    def trim_drawn(self, tree: DraftTree, shape: str = "chain") -> DraftTree:
         """A tree with drawn nodes (T > 0). Whether a drawn node is verified must not depend on which token
         was drawn (a draft kept for being likely is no longer a draw from q), nor on anything that does (the
         deterministic nodes: dedup merges those equal to a draw). So first the drawn depth L, from earlier
@@ -227,7 +228,7 @@ class AutoBudget:
         expected = 1 + torch.cat([torch.zeros(1), self.depths.reached(max_l).cumsum(0)])      # [L+1]
         # depth 1's draws: their count depends on the context alone (deeper laws may depend on the draws)
         first = int((drawn & (depth == 1)).sum())
-        nominal = torch.tensor([0, *widths(first, max_l)]).cumsum(0)
+        nominal = torch.tensor([0, *nominal_counts(first, max_l, shape)]).cumsum(0)
         length = int((expected / ((self.t_draft or 0.0) + self.cost(nominal + 1))).argmax())
         keep = drawn & (depth <= length)
         under = drawn_depth_above(tree.parents.tolist(), torch.where(drawn, depth, 0).tolist())
@@ -277,6 +278,17 @@ class DrawnDepths:
                 return
             self.passed[d] += 1
             node = child
+
+
+def nominal_counts(first: int, depth: int, shape: str) -> list[int]:
+    """Drawn nodes a depth before anything is drawn: a chain with its siblings, or a drawn tree's shape."""
+    counts = widths(first, depth)
+    if shape != "tree":
+        return counts
+    per_depth = [0] * depth
+    for _, d, _ in drawn_shape(tuple(counts), 1 << 30):
+        per_depth[d] += 1
+    return per_depth
 
 
 def drawn_depth_above(parents: list[int], own: list[int]) -> torch.Tensor:

@@ -144,7 +144,7 @@ class _Loop:
         t1 = time.perf_counter()
         tree = tree.dedup().truncate_depth(self.room()) if len(tree) else tree
         if self.auto is not None:
-            tree = self.auto.trim(tree, t1 - t0)
+            tree = self.auto.trim(tree, t1 - t0, getattr(self.drafter, "draw_shape", "chain"))
         self.t_tree = getattr(self.drafter, "t_build", 0.0) + time.perf_counter() - t1
         return tree
 

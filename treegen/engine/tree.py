@@ -6,6 +6,7 @@ children (parents[i] < i), so one left-to-right pass sees every ancestor first.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -121,6 +122,25 @@ class DraftTree:
 def widths(draws: int, depth: int) -> list[int]:
     """Drawn children per depth: `draws` at depth 1, half as many at each next depth, at least 1."""
     return [max(draws >> d, 1) for d in range(depth)]
+
+
+@functools.lru_cache(maxsize=64)
+def drawn_shape(counts: tuple[int, ...], budget: int) -> tuple[tuple[int, int, int], ...]:
+    """A drawn tree's shape (drafters/drawn.py), fixed before anything is drawn: (parent, depth index, rank)
+    of each node in breadth-first order, at most `budget`; the anchor gets counts[0] children, a node whose
+    ranks along its path sum to s gets counts[d] >> s."""
+    nodes: list[tuple[int, int, int]] = []
+    frontier = [(-1, 0)]   # (node, rank sum)
+    for d, w in enumerate(counts):
+        nxt = []
+        for node, s in frontier:
+            for j in range(w >> s):
+                if len(nodes) == budget:
+                    return tuple(nodes)
+                nodes.append((node, d, j))
+                nxt.append((len(nodes) - 1, s + j))
+        frontier = nxt
+    return tuple(nodes)
 
 
 def node_depths(parents: list[int], device="cpu") -> torch.Tensor:
