@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_sampled_chain import SampledChainDrafter
+from test_sampled_chain import SampledChainDrafter, t1_trees
 from test_sampling_distribution import CONFIGS, PROMPT, VOCAB, chi_square, exact_joint, first_three
 
 from treegen.drafters.base import with_spine
@@ -114,22 +114,7 @@ def test_auto_budget_costs_a_drawn_tree_by_its_shape_and_keeps_the_distribution(
 def test_demo_methods_draw_trees(method, drafter, monkeypatch):
     """On the shipped pair with `draw_shape: tree`: T=0 unchanged (equal to ar); at T=1 drawn nodes below
     depth 1 hang under more than one parent, each draft possible under its law, scores its path log q."""
-    import treegen.engine.generate as engine
-    from treegen.api import Generator
-    from treegen.engine import verify
-
-    ar = Generator(target="demo", method="ar")
-    gen = ar.with_method(method, drafter, {"draw_shape": "tree"})
-    prompt = "def parse_header(line):\n"
-    greedy = ar.generate(prompt, max_new_tokens=24, temperature=0).token_ids
-    assert gen.generate(prompt, max_new_tokens=24, temperature=0).token_ids == greedy
-    trees = []
-
-    def recording(tree, logits, sampler, generator=None):
-        trees.append(tree)
-        return verify.verify_tree(tree, logits, sampler, generator)
-    monkeypatch.setattr(engine, "verify_tree", recording)
-    assert len(gen.generate(prompt, max_new_tokens=24, temperature=1.0, seed=5).token_ids) == 24
+    trees = t1_trees(method, drafter, {"draw_shape": "tree"}, monkeypatch)
     for tree in (t for t in trees if t.drawn > 16):
         n = tree.drawn
         drawn, parents = tree.tokens[:n], tree.parents[:n]

@@ -193,14 +193,25 @@ def test_the_check_sees_drawn_nodes_trimmed_by_score(target, monkeypatch):
                                              ("treeflash", "demo/treeflash"), ("dartree", "demo/domino"),
                                              ("d2sd", "demo")])
 def test_demo_methods_draw_at_t1_and_not_at_t0(method, drafter, monkeypatch):
-    """On the shipped pair: T=0 with `sample` drafts as before (equal to ar); at T=1 every tree leads with a
-    drawn chain that carries its laws, each draft possible under its own law, deterministic nodes after; a tree
-    method's chain has drawn siblings (`draws`, 16 at depth 1 by default), a chain method's none."""
+    """On the shipped pair: T=0 with `sample` drafts as before (equal to ar); at T=1 every tree leads with its
+    drawn nodes, which carry their laws, each draft possible under its own law, deterministic nodes after; a
+    tree method draws 16 children of the anchor by default (`draws`), a chain method one."""
+    trees = t1_trees(method, drafter, {"sample": True}, monkeypatch)
+    for tree in (t for t in trees if len(t)):
+        assert tree.q is not None and tree.drawn >= 1
+        drawn = tree.tokens[:tree.drawn]
+        assert bool((tree.q[tree.law[:tree.drawn]].gather(1, drawn[:, None]) > 0).all())
+        first = int((tree.law == tree.law[0]).sum())   # the drawn children of the anchor
+        assert first == (1 if method in ("dflash", "domino") else 16), f"{method}: {first} drawn at depth 1"
+
+
+def t1_trees(method: str, drafter: str, options: dict, monkeypatch) -> list[DraftTree]:
+    """The method on the shipped pair: its T=0 output must equal ar's; the trees it verified at T=1."""
     import treegen.engine.generate as engine
     from treegen.api import Generator
 
     ar = Generator(target="demo", method="ar")
-    gen = ar.with_method(method, drafter, {"sample": True})
+    gen = ar.with_method(method, drafter, options)
     prompt = "def parse_header(line):\n"
     greedy = ar.generate(prompt, max_new_tokens=24, temperature=0).token_ids
     assert gen.generate(prompt, max_new_tokens=24, temperature=0).token_ids == greedy
@@ -210,11 +221,5 @@ def test_demo_methods_draw_at_t1_and_not_at_t0(method, drafter, monkeypatch):
         trees.append(tree)
         return verify.verify_tree(tree, logits, sampler, generator)
     monkeypatch.setattr(engine, "verify_tree", recording)
-    out = gen.generate(prompt, max_new_tokens=24, temperature=1.0, seed=5)
-    assert len(out.token_ids) == 24 and trees
-    for tree in (t for t in trees if len(t)):
-        assert tree.q is not None and tree.drawn >= 1
-        drawn = tree.tokens[:tree.drawn]
-        assert bool((tree.q[tree.law[:tree.drawn]].gather(1, drawn[:, None]) > 0).all())
-        first = int((tree.law == tree.law[0]).sum())   # the drawn children of the anchor
-        assert first == (1 if method in ("dflash", "domino") else 16), f"{method}: {first} drawn at depth 1"
+    assert len(gen.generate(prompt, max_new_tokens=24, temperature=1.0, seed=5).token_ids) == 24 and trees
+    return trees

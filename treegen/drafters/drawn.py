@@ -7,10 +7,11 @@ Shape, fixed before anything is drawn: the anchor gets widths[0] children; a nod
 along its path sum to s (rank: its place in its parent's draw order, 0 = first) gets widths[d] >> s. So the
 chain of first draws keeps the full widths (16, 8, 4, ...) and later draws get half as many per rank.
 
-Exact: how many children a node gets depends on the shape and on tokens above it (how big its law's support
-is), never on its own children's draws; each depth's draws are independent of every shallower depth's and of
-the verifier's coins, so given the path so far a node's children are its law's first draws. Nodes of one
-depth may even share draws (ddtree's: one marginal a depth): at most one of them is on the path.
+Exact: how many children a node gets depends on the shape and on tokens above it (how big its law's
+support is, and so how much of `budget` the nodes before it in breadth-first order took), never on its own
+children's draws; each depth's draws are independent of every shallower depth's and of the verifier's
+coins, so given the path so far a node's children are its law's first draws. Nodes of one depth may even
+share draws (ddtree's: one marginal a depth): at most one of them is on the path.
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def drawn_tree(expand: Callable[..., Level], anchor: int, depth: int, draws: int
     sit at depth index d (d = 0: the anchor alone; up [F]: each parent's own parent among the previous
     call's, for a method whose state follows the path), each parent's law becoming a row of DraftTree.q
     (stack: the levels' q -> those rows, made once at the end)."""
-    nodes = drawn_shape(tuple(widths(draws, depth)), budget or 1 << 30)
+    nodes = drawn_shape(tuple(widths(draws, depth)), 1 << 30)
+    room = budget or 1 << 30   # counts kept nodes: a slot past its law's support leaves its place to the next
     tokens: list[int] = []     # per shape slot: its token (None: dropped past its law's support)
     scores: list[float] = []
     law: list[int] = []
@@ -67,7 +69,8 @@ def drawn_tree(expand: Callable[..., Level], anchor: int, depth: int, draws: int
         where = {p: f for f, p in enumerate(parents)}
         for parent, _, j in nodes[start:end]:
             f = where.get(parent)
-            ok = f is not None and j < len(logq[f]) and logq[f][j] != float("-inf")
+            ok = room > 0 and f is not None and j < len(logq[f]) and logq[f][j] != float("-inf")
+            room -= ok
             tokens.append(drawn[f][j] if ok else None)
             scores.append(logq[f][j] + (scores[parent] if parent >= 0 else 0.0) if ok else 0.0)
             law.append(rows + f if ok else -1)
