@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_sampled_chain import SampledChainDrafter, t1_trees
-from test_sampling_distribution import CONFIGS, PROMPT, VOCAB, chi_square, exact_joint, first_three
+from test_sampling_distribution import CONFIGS, PROMPT, chi_square, exact_joint, first_three
 
 from treegen.drafters.base import with_spine
 from treegen.drafters.drawn import Level, drawn_tree, first_draws
@@ -124,3 +124,51 @@ def test_demo_methods_draw_trees(method, drafter, monkeypatch):
         own = tree.scores[:n] - torch.where(parents >= 0, tree.scores[:n][parents.clamp(min=0)], 0.0)
         assert torch.allclose(own, logq, atol=1e-3)
     assert any(t.drawn > 16 for t in trees)
+
+
+def test_treeflash_support_draws_are_draws_from_the_laws_it_reports():
+    """TreeFlash's drawn tree under a plain temperature over a support (synthetic tables: 3 depths, 6
+    tokens, support 3, 2 candidates): at a branching depth a node's first two draws follow its reported law
+    q and q's second draw without replacement; in the tail (the tables' rows, the rest by Gumbel-max) its
+    one draw follows q too, for a parent inside and outside the top-m."""
+    from types import SimpleNamespace
+
+    from treegen.drafters.treeflash import Scored, TreeFlashDrafter
+    from treegen.engine.drafter import DraftState
+    from treegen.engine.sampling import Sampler
+
+    g = torch.Generator().manual_seed(3)
+    depth, vocab, hidden = 3, 6, 4
+    marginal = torch.randn(depth, vocab, generator=g) * 1.5
+    logp = marginal.log_softmax(-1)
+    support = marginal.topk(3, dim=-1).indices
+    scored = Scored(marginal.topk(2, dim=-1).indices, support, torch.randn(depth, 2, 3, generator=g))
+    lm_head, embed = torch.randn(vocab, hidden, generator=g), torch.randn(vocab, hidden, generator=g)
+    state = DraftState(torch.tensor([0]), 4, Sampler(temperature=0.8), torch.Generator().manual_seed(5))
+    me = SimpleNamespace(law=state, draws=2, block=SimpleNamespace(lm_head=SimpleNamespace(weight=lm_head)))
+    me.tail_draws = lambda *a: TreeFlashDrafter.tail_draws(me, *a)
+
+    def states(d, prev):
+        return embed[prev] + d
+
+    outside = next(t for t in range(vocab) if t not in scored.top_m[0].tolist())
+    cases = [(0, 4, 2), (1, int(scored.top_m[0, 1]), 1), (1, outside, 1)]   # (depth, parent token, draws)
+    n = 12_000
+    for d, parent, width in cases:
+        first, pairs = torch.zeros(vocab, dtype=torch.float64), torch.zeros(vocab * vocab, dtype=torch.float64)
+        for _ in range(n):
+            expand, stack = TreeFlashDrafter.support_draws(me, states, scored, logp)
+            level = expand(d, torch.tensor([parent]), width, torch.tensor([0]))
+            drawn = level.tokens[0].tolist()
+            first[drawn[0]] += 1
+            if width == 2:
+                pairs[drawn[0] * vocab + drawn[1]] += 1
+        q = stack([level.q])[0].double()
+        assert torch.allclose(level.logq[0].double(), q[level.tokens[0]].log(), atol=1e-5)
+        checks = [(first, q)]
+        if width == 2:
+            second = q[:, None] * q[None] / (1 - q[:, None])
+            checks.append((pairs, second.fill_diagonal_(0).flatten()))
+        for counts, probs in checks:
+            stat, threshold = chi_square(counts, probs)
+            assert stat < threshold, f"depth {d}, parent {parent}: chi-square {stat:.1f} >= {threshold:.1f}"

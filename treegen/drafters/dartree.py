@@ -18,8 +18,8 @@ from ..engine.tree import DraftTree
 from . import defaults as D
 from .base import with_siblings, with_spine
 from .dflash import DFlashBlock
-from .drawn import Level, drawn_tree, first_draws
 from .domino import HeadDrafter
+from .drawn import Level, drawn_tree, first_draws
 
 VARIANTS = D.DARTREE_VARIANTS
 

@@ -187,7 +187,7 @@ class TreeFlashDrafter(BlockDrafter):
         the branching depths (one node, one draw a depth) the chain reads the tables instead: the law of
         its previous token's row there (the marginal's for a token outside the top-m), drawn up front. The
         laws themselves ([N, V]) are made once, for the nodes that were expanded."""
-        top_m, support, logits = scored
+        top_m, support = scored.top_m, scored.support
         t, (depth, s) = self.law.sampler.temperature, support.shape
         share = logp.gather(1, support).logsumexp(-1)                                  # [D] log P(support)
         rest = (logp / t).scatter(1, support, -torch.inf)                              # [D, V]
