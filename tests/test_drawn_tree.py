@@ -72,13 +72,7 @@ class DrawnTreeDrafter(SampledChainDrafter):
         tree = drawn_tree(expand, y1, 2, 4, None, "cpu")
         if not self.siblings:
             return tree
-        tokens, parents, scores = [], [], []   # the target's top 2 under the anchor, 2 under each
-        logp2, logp3 = self.l2[y1].log_softmax(-1), self.l3[y1].log_softmax(-1)
-        for a in logp2.topk(2).indices.tolist():   # may repeat a drawn token: dedup merges it into the drawn node
-            tokens.append(a), parents.append(-1), scores.append(float(logp2[a]))
-            node = len(tokens) - 1
-            for b in logp3[a].topk(2).indices.tolist():
-                tokens.append(b), parents.append(node), scores.append(float(logp2[a] + logp3[a, b]))
+        tokens, parents, scores = self.top_two(y1)
         det = DraftTree(torch.tensor(tokens), torch.tensor(parents), None, torch.tensor(scores))
         return with_spine(tree, det)
 

@@ -55,13 +55,8 @@ class SampledChainDrafter(ContextFreeDrafter):
         spine = with_siblings(DraftTree.chain(torch.tensor([y2, y3]), logq, torch.stack([q2, q3])), state, self.draws)
         if not self.siblings:
             return spine
-        tokens, parents, scores = [], [], []   # the target's top 2 under the anchor, 2 under each
+        tokens, parents, scores = self.top_two(y1, shift=len(spine))
         logp2, logp3 = self.l2[y1].log_softmax(-1), self.l3[y1].log_softmax(-1)
-        for a in logp2.topk(2).indices.tolist():   # may repeat a drawn token: dedup merges it into the drawn node
-            tokens.append(a), parents.append(-1), scores.append(float(logp2[a]))
-            node = len(spine) + len(tokens) - 1
-            for b in logp3[a].topk(2).indices.tolist():
-                tokens.append(b), parents.append(node), scores.append(float(logp2[a] + logp3[a, b]))
         tokens.append(int(logp3[y2].argmax())), parents.append(0)   # a deterministic sibling of y3
         scores.append(float(logp2[y2] + logp3[y2].max()))
         n = len(tokens)
@@ -69,6 +64,18 @@ class SampledChainDrafter(ContextFreeDrafter):
                          torch.cat([spine.parents, torch.tensor(parents)]), None,
                          torch.cat([spine.scores, torch.tensor(scores)]), spine.q,
                          torch.cat([spine.law, torch.full((n,), -1)]))
+
+    def top_two(self, y1: int, shift: int = 0) -> tuple[list[int], list[int], list[float]]:
+        """Deterministic nodes (tokens, parents, path scores): the target's top 2 under the anchor, 2 under
+        each, numbered from `shift`; they may repeat a drawn token, and dedup merges them into the drawn node."""
+        tokens, parents, scores = [], [], []
+        logp2, logp3 = self.l2[y1].log_softmax(-1), self.l3[y1].log_softmax(-1)
+        for a in logp2.topk(2).indices.tolist():
+            tokens.append(a), parents.append(-1), scores.append(float(logp2[a]))
+            node = shift + len(tokens) - 1
+            for b in logp3[a].topk(2).indices.tolist():
+                tokens.append(b), parents.append(node), scores.append(float(logp2[a] + logp3[a, b]))
+        return tokens, parents, scores
 
 
 @pytest.fixture(scope="module")

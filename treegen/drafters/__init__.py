@@ -32,7 +32,7 @@ class Method:
             options["sample"] = D.SAMPLE   # and, at T > 0, put a chain drawn from its laws first (base.py)
             # with that many drawn children at depth 1, halving with depth: trees only, by default
             options["draws"] = D.TREE_DRAWS if self.tree else D.DRAWS
-            if self.name in D.DRAWN_TREE_METHODS:   # and whether the drawn children get drawn children
+            if self.tree:   # and whether the drawn children get drawn children (drafters/drawn.py)
                 options["draw_shape"] = D.DRAW_SHAPE
             options["dtype"] = D.DTYPE   # the drafter's precision, whatever the target's (drafters/precision.py)
         return options

@@ -24,9 +24,9 @@ from ..engine.tree import DraftTree, merge_paths
 from ..models.checkpoint import CheckpointError
 from ..models.vp_drafter import is_variable_prefix
 from . import defaults as D
-from .base import DraftState, sampled_chain, with_spine
+from .base import DraftState, with_spine
 from .dflash import DFlashBlock, load_block
-from .drawn import drawn_marginal_tree
+from .drawn import marginal_spine
 
 
 def reach(conf: torch.Tensor) -> torch.Tensor:
@@ -107,8 +107,8 @@ class D2SDDrafter(BuildClock):
         if not (self.sample and state.sampling):
             with self.building(tokens.device):
                 return keep_best(merge_paths(tokens, lengths, scores), self.budget)
-        drawn = drawn_marginal_tree if self.draw_shape == "tree" else sampled_chain
-        spine = drawn(marginal, state, self.draws, self.budget or None)   # drawn first; the branches catch the residual draws
+        # drawn first; the branches catch the residual draws
+        spine = marginal_spine(marginal, state, self.draws, self.budget or None, self.draw_shape)
         with self.building(tokens.device):
             budget = max(self.budget - len(spine), 1) if self.budget else 0
             return with_spine(spine, keep_best(merge_paths(tokens, lengths, scores), budget))

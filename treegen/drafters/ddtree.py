@@ -6,10 +6,10 @@ import torch
 
 from ..engine.tree import DraftTree
 from . import defaults as D
-from .base import sampled_chain, with_spine
+from .base import with_spine
 from .best_first import marginal_tree
 from .dflash import BlockDrafter, DFlashBlock
-from .drawn import drawn_marginal_tree
+from .drawn import marginal_spine
 
 
 class DDTreeDrafter(BlockDrafter):
@@ -26,6 +26,5 @@ class DDTreeDrafter(BlockDrafter):
         top = torch.topk(logp, min(self.top_k, logp.shape[-1]), dim=-1)
         if self.law is None:
             return marginal_tree(top.values, top.indices, self.budget)
-        drawn = drawn_marginal_tree if self.draw_shape == "tree" else sampled_chain
-        spine = drawn(logp, self.law, self.draws, self.budget)
+        spine = marginal_spine(logp, self.law, self.draws, self.budget, self.draw_shape)
         return with_spine(spine, marginal_tree(top.values, top.indices, max(self.budget - len(spine), 1)))

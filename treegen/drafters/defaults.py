@@ -11,7 +11,6 @@ DTYPE = "auto"          # any drafter's method: its compute precision; auto = bf
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 DRAW_SHAPE = "tree"     # with `sample`, a tree method's drawn part: chain = the first draws' chain with its siblings;
 DRAW_SHAPES = ("chain", "tree")   # tree = every drawn node's children drawn too (drafters/drawn.py)
-DRAWN_TREE_METHODS = ("ddtree", "treeflash", "dartree", "d2sd")   # the methods that draw trees
 TREE_DRAWS = 16         # the tree methods' default (docs/benchmarks.md: acceptance rose to 16 at T=1)
 DDTREE_BUDGET = 64      # nodes verified per round (DDTree's common default)
 AUTO = "auto"           # `budget: auto`: the drafter drafts AUTO_CEILING nodes, the engine trims each round

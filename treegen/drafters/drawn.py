@@ -23,7 +23,7 @@ import torch
 
 from ..engine.drafter import DraftState
 from ..engine.tree import DraftTree, drawn_shape, widths
-from .base import race
+from .base import race, sampled_chain
 
 
 class Level(NamedTuple):
@@ -35,8 +35,9 @@ class Level(NamedTuple):
 
 def first_draws(q: torch.Tensor, state: DraftState, width: int) -> Level:
     """[F, V] laws -> each one's first `width` draws without replacement (the exponential race)."""
-    keys = race(q.log(), state).topk(min(width, q.shape[-1]), dim=-1)
-    return Level(keys.indices, q.log().gather(1, keys.indices), q)
+    logq = q.log()
+    keys = race(logq, state).topk(min(width, q.shape[-1]), dim=-1)
+    return Level(keys.indices, logq.gather(1, keys.indices), q)
 
 
 def drawn_tree(expand: Callable[..., Level], anchor: int, depth: int, draws: int, budget: int | None, device,
@@ -90,6 +91,14 @@ def _as_tree(nodes, tokens, scores, law, q, device) -> DraftTree:
     as_long = functools.partial(torch.tensor, dtype=torch.long, device=device)
     return DraftTree(as_long([tokens[i] for i in kept]), as_long(parents), as_long(depths),
                      torch.tensor([scores[i] for i in kept], device=device), q, as_long([law[i] for i in kept]))
+
+
+def marginal_spine(logits: torch.Tensor, state: DraftState, draws: int, budget: int | None,
+                   shape: str) -> DraftTree:
+    """ddtree's and d2sd's drawn part from [D, V] marginal logits: a drawn tree, or a chain with siblings."""
+    if shape == "tree":
+        return drawn_marginal_tree(logits, state, draws, budget)
+    return sampled_chain(logits, state, draws, budget)
 
 
 def drawn_marginal_tree(logits: torch.Tensor, state: DraftState, draws: int, budget: int | None) -> DraftTree:
