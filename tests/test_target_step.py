@@ -9,7 +9,7 @@ from treegen.drafters import build_drafter
 from treegen.engine.cache import new_cache
 from treegen.engine.generate import GenerationConfig, generate
 from treegen.engine.sampling import Sampler
-from treegen.engine.target import TargetStep, lazy_logits_supported
+from treegen.engine.target import Logits, Projection, TargetStep, lazy_logits_supported
 from treegen.engine.tree import DraftTree, verification_inputs
 from treegen.engine.verify import verify_tree
 
@@ -61,3 +61,50 @@ def test_generation_is_the_same_either_way(qwen3, monkeypatch):
             outs.append([t for r in rounds for t in r.tokens])
     assert outs[0] == outs[2]   # T=0: identical
     assert len(outs[1]) == len(outs[3]) == 40
+
+
+def run_pld(model, sampler, seed, monkeypatch, whole: bool) -> list[int]:
+    """pld (trees of repeated text) with every forward projected whole, or never."""
+    def prepare(self, logits):
+        self.learn()
+        self.last, self.forwards = logits, self.forwards + 1
+        if whole and len(logits) > 1:
+            logits.project_all()
+    monkeypatch.setattr(Projection, "prepare", prepare)
+    prompt = torch.tensor([3, 9, 27, 17, 5, 3, 9, 27, 17, 5, 3, 9])
+    rounds = generate(model, build_drafter("pld", model), prompt, GenerationConfig(40, sampler=sampler, seed=seed))
+    return [t for r in rounds for t in r.tokens]
+
+
+def test_projecting_all_rows_changes_no_token(qwen3, monkeypatch):
+    """The walk reads the same rows and draws the same random numbers whichever way rows were projected:
+    T=0 and a seeded T>0 give the same tokens."""
+    for sampler, seed in ((Sampler(), None), (Sampler(temperature=0.8, top_p=0.9), 4)):
+        assert run_pld(qwen3, sampler, seed, monkeypatch, True) == run_pld(qwen3, sampler, seed, monkeypatch, False)
+
+
+def test_projection_rule(qwen3):
+    """All rows at once exactly when a * (rows read - 1) > b * (rows - 1), once a round has been seen;
+    a is learnt from rows projected alone only, the rows read from every round but the prefill."""
+    head = qwen3.get_output_embeddings()
+    projection = Projection(head)
+    hidden = torch.zeros(9, qwen3.config.hidden_size)
+
+    def forward(reads: int) -> Logits:
+        logits = Logits(hidden, head)
+        projection.prepare(logits)
+        for i in range(reads):
+            logits.row(i)
+        return logits
+
+    assert not forward(1).whole                      # the prefill: nothing is known
+    assert not forward(4).whole and projection.reads == 1.0   # the prefill's one row is not a round
+    assert projection.key in Projection._cold        # a: from the rows projected alone
+    Projection._cold[projection.key], Projection._warm[projection.key] = 1.0, 0.1
+    projection.last, projection.reads = None, 1.7     # 1.0 * 0.7 < 0.1 * 8: alone
+    assert not forward(2).whole
+    projection.last, projection.reads = None, 2.0     # 1.0 * 1.0 > 0.1 * 8: at once
+    whole = forward(3)
+    assert whole.whole and len(whole.made) == 9
+    projection.learn()
+    assert Projection._cold[projection.key] == 1.0 and projection.reads == 2.5   # rows read 3, weight 0.5

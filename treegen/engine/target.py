@@ -3,7 +3,11 @@
 On a GPU the lm_head over all n+1 rows is one small GEMM, so every row's logits are made at once and the
 verify walk reads them with one host sync. On a CPU the lm_head is the widest matrix of a small target
 (vocabulary x hidden: 40% of a 65-row step of the demo target), and the walk reads only the rows on its
-path (accepted drafts + 1), so those rows are projected one at a time as the walk reaches them.
+path (accepted drafts + 1), so rows can be projected one at a time as the walk reaches them. But between
+two rounds the decoder's weights push the lm_head's out of the CPU's caches, so each row projected alone
+pays a cold read of the whole [V, H] matrix (1.5 ms on the demo target, 3x a warm row): a walk of 6 rows
+pays 6. `Projection` decides per forward, from measured costs, whether to project every row in one pass
+(one cold read plus a little compute per row) or only the rows the walk reads.
 """
 from __future__ import annotations
 
@@ -22,6 +26,15 @@ class Logits:
         self.hidden, self.lm_head, self.full = hidden, lm_head, full
         self.made: dict[int, torch.Tensor] = {}
         self.seconds = 0.0   # spent projecting rows on demand: target compute, though the walk asks for it
+        self.read: set[int] = set()   # rows the walk asked for
+        self.whole = False            # every row projected in one pass (Projection's choice)
+
+    def project_all(self) -> None:
+        """Project every row now, in one pass (part of the forward's time); the walk still reads them row
+        by row, so it draws the same random numbers either way."""
+        with torch.inference_mode():
+            rows = self.lm_head(self.hidden)
+        self.made, self.whole = {i: rows[i:i + 1] for i in range(len(rows))}, True
 
     @property
     def eager(self) -> bool:
@@ -33,6 +46,7 @@ class Logits:
     def row(self, i: int) -> torch.Tensor:
         """[1, V] logits of row i (negative counts from the end)."""
         i = i % len(self)
+        self.read.add(i)
         if self.full is not None:
             return self.full[i:i + 1]
         if i not in self.made:
@@ -63,6 +77,7 @@ class TargetStep:
         if lazy is None:
             lazy = model.device.type == "cpu"
         self.lazy = lazy and lazy_logits_supported(model)
+        self.projection = Projection(model.get_output_embeddings()) if self.lazy else None
 
     def __call__(self, ids, positions, mask, cache) -> tuple[Logits, torch.Tensor | None]:
         args = {"input_ids": ids, "position_ids": positions, "attention_mask": mask, "cache": cache,
@@ -70,6 +85,7 @@ class TargetStep:
         if self.lazy:
             out = self.model.get_decoder()(**args)
             logits = Logits(out.last_hidden_state[0], self.model.get_output_embeddings())
+            self.projection.prepare(logits)
         else:
             out = self.model(**args)
             logits = Logits(None, full=out.logits[0])
@@ -77,3 +93,61 @@ class TargetStep:
         if self.layer_ids:
             feats = torch.cat([out.hidden_states[i + 1][0] for i in self.layer_ids], dim=-1)
         return logits, feats
+
+
+class Projection:
+    """Per forward: project all rows at once, or each row as the walk reads it (CPU, lazy logits).
+
+    Lazy pays a (one cold read of the lm_head) per row read; all-at-once pays a once plus b per other row.
+    So all at once wins when a * (rows read - 1) > b * (rows - 1). a is measured on the rows projected
+    alone, b once per lm_head (warm rows), rows read is a running mean over this generation's rounds.
+    """
+
+    WEIGHT = 0.5          # of the latest forward in the running means
+    _warm: dict[int, float] = {}   # id(lm_head weight) -> b, seconds per extra warm row
+    _cold: dict[int, float] = {}   # id(lm_head weight) -> a, seconds per row projected alone
+
+    def __init__(self, lm_head):
+        self.lm_head, self.key = lm_head, id(lm_head.weight)
+        self.reads = 1.0    # running mean of rows read per round: lazy until rounds show more
+        self.last: Logits | None = None
+        self.forwards = 0
+
+    def prepare(self, logits: Logits) -> None:
+        self.learn()
+        self.last, self.forwards = logits, self.forwards + 1
+        rows = len(logits)
+        if rows > 1 and self.key in self._cold and self.forwards > 1:
+            if self._cold[self.key] * (self.reads - 1) > self.extra_row() * (rows - 1):
+                logits.project_all()
+
+    def learn(self) -> None:
+        """Fold in what the last forward's walk read (the prefill reads one row of many: not a round)."""
+        last = self.last
+        if last is None or not last.read:
+            return
+        if self.forwards > 1:
+            self.reads += self.WEIGHT * (len(last.read) - self.reads)
+        if not last.whole:   # rows projected alone: each paid a cold read
+            a = last.seconds / len(last.made)
+            old = self._cold.get(self.key)
+            self._cold[self.key] = a if old is None else old + self.WEIGHT * (a - old)
+
+    def extra_row(self) -> float:
+        if self.key not in self._warm:
+            self._warm[self.key] = warm_row_seconds(self.lm_head)
+        return self._warm[self.key]
+
+
+def warm_row_seconds(lm_head, rows: int = 32, repeats: int = 5) -> float:
+    """b: the lm_head's time per extra row with its weight in cache (fastest of a few passes)."""
+    weight = lm_head.weight
+    x = torch.zeros(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    best = {1: float("inf"), rows: float("inf")}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for n in best:
+                t0 = time.perf_counter()
+                lm_head(x[:n])
+                best[n] = min(best[n], time.perf_counter() - t0)
+    return max(best[rows] - best[1], 0.0) / (rows - 1)
