@@ -12,6 +12,7 @@ pays 6. `Projection` decides per forward, from measured costs, whether to projec
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import torch
 
@@ -104,8 +105,8 @@ class Projection:
     """
 
     WEIGHT = 0.5          # of the latest forward in the running means
-    _warm: dict[int, float] = {}   # id(lm_head weight) -> b, seconds per extra warm row
-    _cold: dict[int, float] = {}   # id(lm_head weight) -> a, seconds per row projected alone
+    _warm: ClassVar[dict[int, float]] = {}   # id(lm_head weight) -> b, seconds per extra warm row
+    _cold: ClassVar[dict[int, float]] = {}   # id(lm_head weight) -> a, seconds per row projected alone
 
     def __init__(self, lm_head):
         self.lm_head, self.key = lm_head, id(lm_head.weight)
@@ -117,9 +118,9 @@ class Projection:
         self.learn()
         self.last, self.forwards = logits, self.forwards + 1
         rows = len(logits)
-        if rows > 1 and self.key in self._cold and self.forwards > 1:
-            if self._cold[self.key] * (self.reads - 1) > self.extra_row() * (rows - 1):
-                logits.project_all()
+        known = rows > 1 and self.forwards > 1 and self.key in self._cold
+        if known and self._cold[self.key] * (self.reads - 1) > self.extra_row() * (rows - 1):
+            logits.project_all()
 
     def learn(self) -> None:
         """Fold in what the last forward's walk read (the prefill reads one row of many: not a round)."""
@@ -143,11 +144,11 @@ def warm_row_seconds(lm_head, rows: int = 32, repeats: int = 5) -> float:
     """b: the lm_head's time per extra row with its weight in cache (fastest of a few passes)."""
     weight = lm_head.weight
     x = torch.zeros(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    best = {1: float("inf"), rows: float("inf")}
+    best = [float("inf"), float("inf")]   # 1 row, `rows` rows
     with torch.inference_mode():
         for _ in range(repeats):
-            for n in best:
+            for i, n in enumerate((1, rows)):
                 t0 = time.perf_counter()
                 lm_head(x[:n])
-                best[n] = min(best[n], time.perf_counter() - t0)
-    return max(best[rows] - best[1], 0.0) / (rows - 1)
+                best[i] = min(best[i], time.perf_counter() - t0)
+    return max(best[1] - best[0], 0.0) / (rows - 1)
