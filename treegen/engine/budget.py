@@ -94,7 +94,8 @@ def cost_key(model) -> str:
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
     from .target import TargetStep
 
-    step = "lazy" if TargetStep(model).lazy else "eager"  # what one verify forward computes (engine/target.py)
+    step = TargetStep(model)   # what one verify forward computes (engine/target.py)
+    step = ("lazy" if step.lazy else "eager") + ("+fast" if step.fast is not None else "")
     return f"{name}|{model.dtype}|{model.device}|threads={torch.get_num_threads()}|torch={torch.__version__}|{step}"
 
 

@@ -16,6 +16,8 @@ from typing import ClassVar
 
 import torch
 
+from . import fast_decoder
+
 # config fields of architectures whose logits are not just lm_head(hidden): those keep the model's forward
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
@@ -79,20 +81,26 @@ class TargetStep:
             lazy = model.device.type == "cpu"
         self.lazy = lazy and lazy_logits_supported(model)
         self.projection = Projection(model.get_output_embeddings()) if self.lazy else None
+        self.fast = fast_decoder.FastDecoder(model) if self.lazy and fast_decoder.supported(model) else None
 
     def __call__(self, ids, positions, mask, cache) -> tuple[Logits, torch.Tensor | None]:
         args = {"input_ids": ids, "position_ids": positions, "attention_mask": mask, "cache": cache,
                 "use_cache": True, "output_hidden_states": bool(self.layer_ids)}
-        if self.lazy:
+        if self.fast is not None and mask is not None:   # a verify forward (the prefill is causal, unmasked)
+            last, hidden = self.fast(ids, positions, mask, cache)
+        elif self.lazy:
             out = self.model.get_decoder()(**args)
-            logits = Logits(out.last_hidden_state[0], self.model.get_output_embeddings())
-            self.projection.prepare(logits)
+            last, hidden = out.last_hidden_state, out.hidden_states
         else:
             out = self.model(**args)
             logits = Logits(None, full=out.logits[0])
+            hidden = out.hidden_states
+        if self.lazy:
+            logits = Logits(last[0], self.model.get_output_embeddings())
+            self.projection.prepare(logits)
         feats = None
         if self.layer_ids:
-            feats = torch.cat([out.hidden_states[i + 1][0] for i in self.layer_ids], dim=-1)
+            feats = torch.cat([hidden[i + 1][0] for i in self.layer_ids], dim=-1)
         return logits, feats
 
 
