@@ -182,7 +182,7 @@ def test_sampling_follows_the_target(hf_target, tmp_path, branch):  # noqa: F811
 # --- bad input -----------------------------------------------------------------------------------------
 
 def test_bad_options_and_checkpoints(target, dflash_dir, vp_dir, tmp_path, capsys):
-    with pytest.raises(ValueError, match="k \\(branches\\) must be >= 1"):
+    with pytest.raises(ValueError, match="option .k. must be >= 1, got 0"):   # checked before any checkpoint loads
         build_drafter("d2sd", target, dflash_dir, {"vp_drafter": vp_dir, "k": 0})
     with pytest.raises(ValueError, match="b2 must be 0"):
         build_drafter("d2sd", target, dflash_dir, {"vp_drafter": vp_dir, "b2": 4})
@@ -206,13 +206,13 @@ def test_cli_bad_input_is_one_line(tiny_model_dir, tmp_path):
 
     model = tiny_qwen3(vocab=300)  # the tiny_model_dir target's shape: its weights do not matter here
     drafter = random_drafter(model, tmp_path / "d", seed=8)
-    for options, says in (({"k": 0}, "k (branches) must be >= 1"), ({"vp_drafter": str(tmp_path / "none")},
-                                                                      "no such drafter folder")):
+    for options, says, status in (({"k": 0}, "option 'k' must be >= 1, got 0", 2),   # usage: before loading
+                                  ({"vp_drafter": str(tmp_path / "none")}, "no such drafter folder", 1)):
         preset = tmp_path / "p.yaml"
         preset.write_text(json.dumps({"target": str(tiny_model_dir), "drafter": drafter, "method": "d2sd",
                                       "method_options": options}))
         result = CliRunner().invoke(cli, ["complete", "--preset", str(preset), "-n", "4", "-"], input="def f(x):")
-        assert result.exit_code != 0 and says in result.output, result.output
+        assert result.exit_code == status and says in result.output, result.output
         assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
 
 

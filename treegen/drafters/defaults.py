@@ -45,4 +45,5 @@ MINIMUM = {("pld", "max_ngram"): 1, ("pld", "min_ngram"): 1, ("pld", "draft_len"
            ("ddtree", "budget"): 1, ("ddtree", "top_k"): 0,
            ("treeflash", "budget"): 1, ("treeflash", "top_m"): 1, ("treeflash", "top_k"): 1,
            ("treeflash", "support"): 0, ("dartree", "budget"): 1, ("dartree", "candidates"): 1,
-           ("dartree", "width"): 1, (None, "draws"): 1}   # None: any method that has the option
+           ("dartree", "width"): 1, ("d2sd", "k"): 1, ("d2sd", "b2"): 0, ("d2sd", "budget"): 0,
+           (None, "draws"): 1}   # None: any method that has the option

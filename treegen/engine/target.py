@@ -5,7 +5,7 @@ verify walk reads them with one host sync. On a CPU the lm_head is the widest ma
 (vocabulary x hidden: 40% of a 65-row step of the demo target), and the walk reads only the rows on its
 path (accepted drafts + 1), so rows can be projected one at a time as the walk reaches them. But between
 two rounds the decoder's weights push the lm_head's out of the CPU's caches, so each row projected alone
-pays a cold read of the whole [V, H] matrix (1.5 ms on the demo target, 3x a warm row): a walk of 6 rows
+pays a cold read of the whole [V, H] matrix (1.4 ms on the demo target, 3x a warm row): a walk of 6 rows
 pays 6. `Projection` decides per forward, from measured costs, whether to project every row in one pass
 (one cold read plus a little compute per row) or only the rows the walk reads.
 """
