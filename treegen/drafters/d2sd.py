@@ -11,8 +11,9 @@ verified by the engine in one target forward. Both drafts are deterministic, so 
 the gain of branching to token a at depth i+1 is reach(i) * q_{i+1}(a) (q: the first drafter's marginal),
 so where the target is uncertain (sampling, unfamiliar text) several alternatives share one depth; each
 branch shows its alternative to the VP-drafter as part of the visible prefix, which drafts what follows it.
-On the demo pair at T=0 and K 4 it accepts 1.41-1.45x dflash's against the paper's rule's 1.21-1.28x
-(`branch: point`), whose one alternative per position cannot catch a miss at depth 1, where most rounds end.
+On the demo pair at T=0 and K 4 it accepts 1.30x / 1.44x dflash's (unseen code / prose) against the
+paper's rule's 1.21x / 1.28x (`branch: point`), whose one alternative per position cannot catch a miss at
+depth 1, where most rounds end.
 """
 from __future__ import annotations
 
