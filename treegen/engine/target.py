@@ -86,16 +86,15 @@ class TargetStep:
     def __call__(self, ids, positions, mask, cache) -> tuple[Logits, torch.Tensor | None]:
         args = {"input_ids": ids, "position_ids": positions, "attention_mask": mask, "cache": cache,
                 "use_cache": True, "output_hidden_states": bool(self.layer_ids)}
-        if self.fast is not None and mask is not None:   # a verify forward (the prefill is causal, unmasked)
-            last, hidden = self.fast(ids, positions, mask, cache)
-        elif self.lazy:
-            out = self.model.get_decoder()(**args)
-            last, hidden = out.last_hidden_state, out.hidden_states
-        else:
+        if not self.lazy:
             out = self.model(**args)
-            logits = Logits(None, full=out.logits[0])
-            hidden = out.hidden_states
-        if self.lazy:
+            logits, hidden = Logits(None, full=out.logits[0]), out.hidden_states
+        else:
+            if self.fast is not None and mask is not None:   # a verify forward (the prefill is causal, unmasked)
+                last, hidden = self.fast(ids, positions, mask, cache)
+            else:
+                out = self.model.get_decoder()(**args)
+                last, hidden = out.last_hidden_state, out.hidden_states
             logits = Logits(last[0], self.model.get_output_embeddings())
             self.projection.prepare(logits)
         feats = None
