@@ -87,7 +87,7 @@ def test_projection_rule(qwen3):
     """All rows at once exactly when a * (rows read - 1) > b * (rows - 1), once a round has been seen;
     a is learnt from rows projected alone only, the rows read from every round but the prefill."""
     head = qwen3.get_output_embeddings()
-    projection = Projection(head)
+    projection = Projection(head, id(head.weight))
     hidden = torch.zeros(9, qwen3.config.hidden_size)
 
     def forward(reads: int) -> Logits:

@@ -95,10 +95,10 @@ def cached_target(file: Path) -> Path:
 
 
 def cache_root() -> Path:
-    """$TREEGEN_CACHE, $XDG_CACHE_HOME/treegen or ~/.cache/treegen (as the verify-cost table), then gguf/."""
-    from .engine.budget import cache_file
+    """$TREEGEN_CACHE, $XDG_CACHE_HOME/treegen or ~/.cache/treegen (as every measurement), then gguf/."""
+    from .engine.disk import cache_root as measurements
 
-    return cache_file().parent / "gguf"
+    return measurements() / "gguf"
 
 
 def digest(file: Path) -> str:

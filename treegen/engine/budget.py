@@ -10,14 +10,14 @@ The drafter proposes its largest tree; trimming it to a prefix-closed top-n keep
 """
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .disk import cache_root, read_table, write_entry
+from .matmul import Matmul
 from .tree import DraftTree, drawn_shape, widths
 
 MEASURED_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -86,8 +86,7 @@ def steady(samples: list[list[float]]) -> tuple[float, ...]:
 
 
 def cache_file() -> Path:
-    root = os.environ.get("TREEGEN_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "treegen"
-    return Path(root).expanduser() / "verify-cost.json"
+    return cache_root() / "verify-cost.json"
 
 
 def cost_key(model) -> str:
@@ -95,32 +94,21 @@ def cost_key(model) -> str:
     from .target import TargetStep
 
     step = TargetStep(model)   # what one verify forward computes (engine/target.py)
-    step = ("lazy" if step.lazy else "eager") + ("+fast" if step.fast is not None else "")
+    step = ("lazy" if step.lazy else "eager") + ("+fast" if step.fast is not None else "") + \
+        ("+mm" if isinstance(step.head, Matmul) else "")
     return f"{name}|{model.dtype}|{model.device}|threads={torch.get_num_threads()}|torch={torch.__version__}|{step}"
 
 
 def verify_cost(model, path: Path | None = None) -> VerifyCost:
     """The cached measurement for this model and setting, measured (a second or so) and saved if missing."""
     path, key = path or cache_file(), cost_key(model)
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    entry = table.get(key) if isinstance(table, dict) else None
+    entry = read_table(path).get(key)
     if isinstance(entry, dict) and len(entry.get("rows", ())) == len(entry.get("seconds", ())) >= 2:
         cached = VerifyCost(tuple(entry["rows"]), tuple(entry["seconds"]))
         if cached.plausible:
             return cached
     cost = VerifyCost.measure(model)
-    table = table if isinstance(table, dict) else {}
-    table[key] = {"rows": list(cost.rows), "seconds": list(cost.seconds)}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(table, indent=1))
-        tmp.replace(path)  # atomic: two processes measuring at once never leave a half file
-    except OSError:
-        pass  # a read-only cache only costs a re-measurement next time
+    write_entry(path, key, {"rows": list(cost.rows), "seconds": list(cost.seconds)})
     return cost
 
 

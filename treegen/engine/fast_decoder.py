@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .matmul import Matmul, matmul_for
+
 ARCHITECTURES = ("qwen3", "llama")
 
 
@@ -67,10 +69,12 @@ def _mlp(mlp):
 
 class FastDecoder:
     """decoder(ids, positions, mask, cache) -> (last hidden state [1, n, H], hidden states as transformers
-    returns them: the embeddings, each layer's output, the last replaced by its final norm)."""
+    returns them: the embeddings, each layer's output, the last replaced by its final norm).
+    tuned: each projection in its measured-fastest layout (engine/matmul.py); else F.linear, as transformers."""
 
-    def __init__(self, model):
+    def __init__(self, model, tuned: bool = True):
         config = model.config
+        mm = (lambda w: matmul_for(model, w)) if tuned else Matmul.plain
         decoder = model.get_decoder()
         self.eps, self.head_dim = config.rms_norm_eps, config.head_dim if getattr(config, "head_dim", None) \
             else config.hidden_size // config.num_attention_heads
@@ -82,8 +86,8 @@ class FastDecoder:
         for layer in decoder.layers:
             attn = layer.self_attn
             qk_norm = (attn.q_norm.weight, attn.k_norm.weight) if hasattr(attn, "q_norm") else None
-            self.layers.append((layer.input_layernorm.weight, *(m.weight for m in _attention(attn)), qk_norm,
-                                layer.post_attention_layernorm.weight, *(m.weight for m in _mlp(layer.mlp))))
+            self.layers.append((layer.input_layernorm.weight, *(mm(m.weight) for m in _attention(attn)), qk_norm,
+                                layer.post_attention_layernorm.weight, *(mm(m.weight) for m in _mlp(layer.mlp))))
 
     def __call__(self, ids, positions, mask, cache) -> tuple[torch.Tensor, list[torch.Tensor]]:
         x = F.embedding(ids, self.embed)
@@ -95,7 +99,7 @@ class FastDecoder:
             x = x + self.attention(rms_norm(x, norm1, self.eps), wq, wk, wv, wo, qk_norm, cos, sin, mask,
                                    cache.layers[i])
             h = rms_norm(x, norm2, self.eps)
-            x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
+            x = x + wd(F.silu(wg(h)) * wu(h))
             hidden.append(x)
         hidden[-1] = rms_norm(x, self.norm, self.eps)
         return hidden[-1], hidden
@@ -103,10 +107,10 @@ class FastDecoder:
     def attention(self, h, wq, wk, wv, wo, qk_norm, cos, sin, mask, layer) -> torch.Tensor:
         batch, n, _ = h.shape
         shape = (batch, n, -1, self.head_dim)
-        q, k = F.linear(h, wq).view(shape), F.linear(h, wk).view(shape)
+        q, k = wq(h).view(shape), wk(h).view(shape)
         if qk_norm is not None:
             q, k = rms_norm(q, qk_norm[0], self.eps), rms_norm(k, qk_norm[1], self.eps)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), F.linear(h, wv).view(shape).transpose(1, 2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), wv(h).view(shape).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         keys, values = layer.update(k, v)
         if n == 1:   # transformers packs one query's heads by key/value group instead of repeating K/V
@@ -116,5 +120,5 @@ class FastDecoder:
         gqa = n > 1 and self.groups > 1
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
         out = out.reshape(batch, -1, n, self.head_dim).transpose(1, 2).contiguous()
-        return F.linear(out.reshape(batch, n, -1).contiguous(), wo)
+        return wo(out.reshape(batch, n, -1).contiguous())
 

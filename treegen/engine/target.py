@@ -17,6 +17,8 @@ from typing import ClassVar
 import torch
 
 from . import fast_decoder
+from .fast_decoder import plain_linear
+from .matmul import matmul_for
 
 # config fields of architectures whose logits are not just lm_head(hidden): those keep the model's forward
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -80,7 +82,11 @@ class TargetStep:
         if lazy is None:
             lazy = model.device.type == "cpu"
         self.lazy = lazy and lazy_logits_supported(model)
-        self.projection = Projection(model.get_output_embeddings()) if self.lazy else None
+        self.head = self.projection = None
+        if self.lazy:
+            head = model.get_output_embeddings()
+            self.head = matmul_for(model, head.weight) if plain_linear(head) else head   # engine/matmul.py
+            self.projection = Projection(self.head, key=id(head.weight))
         self.fast = fast_decoder.FastDecoder(model) if self.lazy and fast_decoder.supported(model) else None
 
     def __call__(self, ids, positions, mask, cache) -> tuple[Logits, torch.Tensor | None]:
@@ -95,7 +101,7 @@ class TargetStep:
             else:
                 out = self.model.get_decoder()(**args)
                 last, hidden = out.last_hidden_state, out.hidden_states
-            logits = Logits(last[0], self.model.get_output_embeddings())
+            logits = Logits(last[0], self.head)
             self.projection.prepare(logits)
         feats = None
         if self.layer_ids:
@@ -115,8 +121,8 @@ class Projection:
     _warm: ClassVar[dict[int, float]] = {}   # id(lm_head weight) -> b, seconds per extra warm row
     _cold: ClassVar[dict[int, float]] = {}   # id(lm_head weight) -> a, seconds per row projected alone
 
-    def __init__(self, lm_head):
-        self.lm_head, self.key = lm_head, id(lm_head.weight)
+    def __init__(self, lm_head, key: int):
+        self.lm_head, self.key = lm_head, key
         self.reads = 1.0    # running mean of rows read per round: lazy until rounds show more
         self.last: Logits | None = None
         self.forwards = 0
@@ -143,19 +149,19 @@ class Projection:
 
     def extra_row(self) -> float:
         if self.key not in self._warm:
-            self._warm[self.key] = warm_row_seconds(self.lm_head)
+            self._warm[self.key] = warm_row_seconds(self.lm_head, self.last.hidden)
         return self._warm[self.key]
 
 
-def warm_row_seconds(lm_head, rows: int = 32, repeats: int = 5) -> float:
-    """b: the lm_head's time per extra row with its weight in cache (fastest of a few passes)."""
-    weight = lm_head.weight
-    x = torch.zeros(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    best = [float("inf"), float("inf")]   # 1 row, `rows` rows
+def warm_row_seconds(lm_head, hidden: torch.Tensor, rows: int = 32, repeats: int = 5) -> float:
+    """b: the lm_head's time per extra row with its weight in cache (fastest of a few passes), between two
+    rows and `rows` (one row may take another kernel: engine/matmul.py). hidden: any rows, for their width."""
+    x = hidden.new_zeros(rows, hidden.shape[-1])
+    best = [float("inf"), float("inf")]   # 2 rows, `rows` rows
     with torch.inference_mode():
         for _ in range(repeats):
-            for i, n in enumerate((1, rows)):
+            for i, n in enumerate((2, rows)):
                 t0 = time.perf_counter()
                 lm_head(x[:n])
                 best[i] = min(best[i], time.perf_counter() - t0)
-    return max(best[1] - best[0], 0.0) / (rows - 1)
+    return max(best[1] - best[0], 0.0) / (rows - 2)

@@ -1,0 +1,83 @@
+"""engine/matmul.py: every layout computes x @ W.T (up to rounding), each row count takes its measured form,
+copies stay within their budget, and the choice is made once per machine (kept on disk)."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from treegen.engine import matmul as M
+
+
+def forms(form: str) -> dict[int, str]:
+    return dict.fromkeys(M.ROWS, form)
+
+
+@pytest.mark.parametrize("form", M.FORMS)
+def test_every_form_is_the_same_product(form):
+    weight = torch.randn(48, 24)
+    mm = M.Matmul(weight, forms(form))
+    for rows in (1, 2, 3, 7, 64, 70):
+        x = torch.randn(1, rows, 24)
+        out = mm(x)
+        assert out.shape == (1, rows, 48) and out.is_contiguous()
+        torch.testing.assert_close(out, F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    assert torch.equal(M.Matmul.plain(weight)(x), F.linear(x, weight))   # transformers' own bits
+
+
+def test_a_row_count_takes_the_form_of_the_next_measured_one():
+    table = {1: "t", 2: "swapped", 4: "linear", 8: "swapped", 16: "linear", 32: "linear", 64: "t"}
+    mm = M.Matmul(torch.randn(8, 4), table)
+    assert [mm.form(n) for n in (1, 2, 3, 4, 5, 8, 9, 33, 64, 500)] == \
+        ["t", "swapped", "linear", "linear", "swapped", "swapped", "linear", "t", "t", "t"]
+    assert mm.wt is not None and M.Matmul(torch.randn(8, 4), forms("swapped")).wt is None
+
+
+def test_linear_is_kept_unless_another_form_is_clearly_faster():
+    seconds = {"linear": dict.fromkeys(M.ROWS, 1.0), "t": dict.fromkeys(M.ROWS, 0.9),
+               "swapped": dict.fromkeys(M.ROWS, 2.0)}
+    seconds["swapped"][2] = 0.5
+    assert M.pick(seconds) == {**forms("linear"), 2: "swapped"}   # 0.9 is not clearly faster
+
+
+def test_transposed_copies_stay_within_their_budget(monkeypatch):
+    weight = torch.randn(64, 32)
+    size = weight.numel() * weight.element_size()
+    monkeypatch.setattr(M, "COPY_BUDGET", M.Matmul.copied + size)
+    first = M.Matmul(weight, forms("t"))
+    assert first.wt is not None
+    second = M.Matmul(weight, forms("t"))     # over budget: F.linear instead of a copy
+    assert second.wt is None and set(second.forms.values()) == {"linear"}
+    del first
+    gc.collect()
+    assert M.Matmul(weight, forms("t")).wt is not None   # a collected copy gives its bytes back
+
+
+def test_the_choice_is_measured_once_and_kept_on_disk(monkeypatch, tmp_path):
+    monkeypatch.setenv("TREEGEN_CACHE", str(tmp_path))
+    monkeypatch.setattr(M.Matmul, "measured", {})
+    calls = []
+
+    def timed(n_out, n_in, dtype):
+        calls.append((n_out, n_in))
+        return {"linear": dict.fromkeys(M.ROWS, 1.0), "t": dict.fromkeys(M.ROWS, 0.1),
+                "swapped": dict.fromkeys(M.ROWS, 2.0)}
+
+    monkeypatch.setattr(M, "time_forms", timed)
+    assert M.Matmul(torch.randn(16, 8)).forms == forms("t")
+    assert M.Matmul(torch.randn(16, 8)).forms == forms("t") and calls == [(16, 8)]   # in this process
+    monkeypatch.setattr(M.Matmul, "measured", {})                                    # a new process
+    assert M.Matmul(torch.randn(16, 8)).forms == forms("t") and calls == [(16, 8)]   # read from disk
+    assert (tmp_path / "matmul.json").exists()
+
+
+def test_only_fp32_on_a_cpu_is_measured(monkeypatch):
+    monkeypatch.setattr(M, "time_forms", lambda *a: pytest.fail("measured"))
+    assert M.Matmul(torch.randn(16, 8, dtype=torch.bfloat16)).forms == forms("linear")
+
+
+def test_one_matmul_per_weight_of_a_model():
+    model = torch.nn.Linear(8, 4, bias=False)
+    assert M.matmul_for(model, model.weight) is M.matmul_for(model, model.weight)
