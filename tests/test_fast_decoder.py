@@ -56,7 +56,7 @@ def test_the_demo_target_bit_for_bit():
 
 
 @pytest.mark.parametrize("tree", TREES, ids=["one-row", "tree", "chain"])
-@pytest.mark.parametrize("form", ["t", "swapped"])
+@pytest.mark.parametrize("form", ["t", "swapped", "packed"])
 def test_other_matmul_layouts_change_only_rounding(tree, form, monkeypatch):
     monkeypatch.setattr(matmul.Matmul, "choose", classmethod(lambda cls, w: dict.fromkeys(matmul.ROWS, form)))
     model = tiny_qwen3()

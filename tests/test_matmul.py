@@ -32,12 +32,12 @@ def test_a_row_count_takes_the_form_of_the_next_measured_one():
     mm = M.Matmul(torch.randn(8, 4), table)
     assert [mm.form(n) for n in (1, 2, 3, 4, 5, 8, 9, 33, 64, 500)] == \
         ["t", "swapped", "linear", "linear", "swapped", "swapped", "linear", "t", "t", "t"]
-    assert mm.wt is not None and M.Matmul(torch.randn(8, 4), forms("swapped")).wt is None
+    assert set(mm.copies) == {"t"} and not M.Matmul(torch.randn(8, 4), forms("swapped")).copies
 
 
 def test_linear_is_kept_unless_another_form_is_clearly_faster():
     seconds = {"linear": dict.fromkeys(M.ROWS, 1.0), "t": dict.fromkeys(M.ROWS, 0.9),
-               "swapped": dict.fromkeys(M.ROWS, 2.0)}
+               "swapped": dict.fromkeys(M.ROWS, 2.0)}   # a form not timed (no oneDNN) is just absent
     seconds["swapped"][2] = 0.5
     assert M.pick(seconds) == {**forms("linear"), 2: "swapped"}   # 0.9 is not clearly faster
 
@@ -47,12 +47,12 @@ def test_transposed_copies_stay_within_their_budget(monkeypatch):
     size = weight.numel() * weight.element_size()
     monkeypatch.setattr(M, "COPY_BUDGET", M.Matmul.copied + size)
     first = M.Matmul(weight, forms("t"))
-    assert first.wt is not None
+    assert "t" in first.copies
     second = M.Matmul(weight, forms("t"))     # over budget: F.linear instead of a copy
-    assert second.wt is None and set(second.forms.values()) == {"linear"}
+    assert not second.copies and set(second.forms.values()) == {"linear"}
     del first
     gc.collect()
-    assert M.Matmul(weight, forms("t")).wt is not None   # a collected copy gives its bytes back
+    assert "t" in M.Matmul(weight, forms("t")).copies   # a collected copy gives its bytes back
 
 
 def test_the_choice_is_measured_once_and_kept_on_disk(monkeypatch, tmp_path):
@@ -73,9 +73,31 @@ def test_the_choice_is_measured_once_and_kept_on_disk(monkeypatch, tmp_path):
     assert (tmp_path / "matmul.json").exists()
 
 
-def test_only_fp32_on_a_cpu_is_measured(monkeypatch):
+def test_only_fp32_and_bf16_on_a_cpu_are_measured(monkeypatch):
     monkeypatch.setattr(M, "time_forms", lambda *a: pytest.fail("measured"))
-    assert M.Matmul(torch.randn(16, 8, dtype=torch.bfloat16)).forms == forms("linear")
+    assert M.Matmul(torch.randn(16, 8, dtype=torch.float16)).forms == forms("linear")
+
+
+@pytest.mark.skipif(not M.packable(), reason="no oneDNN in this torch build")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_packed_form_is_the_same_product(dtype):
+    weight = torch.randn(48, 24).to(dtype)
+    mm = M.Matmul(weight, forms("packed"))
+    for rows in (1, 5, 70):
+        x = torch.randn(1, rows, 24).to(dtype)
+        torch.testing.assert_close(mm(x).float(), F.linear(x, weight).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_a_tuned_linear_follows_its_weight():
+    """tune_linears: the module's forward goes through a Matmul, made again when the weight is replaced
+    (a cast), and a Linear with a bias is left alone."""
+    plain, biased = torch.nn.Linear(8, 6, bias=False), torch.nn.Linear(8, 6)
+    M.tune_linears(torch.nn.Sequential(plain, biased))
+    assert isinstance(plain.forward, M.TunedForward) and not isinstance(biased.forward, M.TunedForward)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(plain(x), F.linear(x, plain.weight))
+    plain.weight = torch.nn.Parameter(torch.randn(6, 8))
+    torch.testing.assert_close(plain(x), F.linear(x, plain.weight))
 
 
 def test_one_matmul_per_weight_of_a_model():

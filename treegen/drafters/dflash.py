@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..engine.drafter import BuildClock
+from ..engine.matmul import tune_linears
 from ..engine.tree import DraftTree
 from ..models.checkpoint import check_fits, load_dflash
 from ..models.dflash import ContextKV, DFlashDrafter
@@ -29,21 +30,21 @@ class DFlashBlock:
 
     def cast(self, dtype: torch.dtype, like: DFlashBlock | None = None) -> None:
         """The drafter in `dtype`, with its own copies of the target's embedding and lm_head (the target
-        keeps its weights); `like`: a block already cast whose copies to share."""
+        keeps its weights); `like`: a block already cast whose copies to share. Then its matmuls tuned."""
         self.model.to(dtype)
-        if self.embed.weight.dtype == dtype:
-            return
-        if like is not None:
+        if like is not None and self.embed.weight.dtype != dtype:
             self.embed, self.lm_head = like.embed, like.lm_head
-            return
-        if type(self.lm_head) is not torch.nn.Linear or self.lm_head.bias is not None:
-            raise ValueError(f"a drafter dtype other than the target's needs a plain lm_head, not "
-                             f"{type(self.lm_head).__name__}")
-        tied = self.lm_head.weight is self.embed.weight
-        self.embed = torch.nn.Embedding.from_pretrained(self.embed.weight.detach().to(dtype))
-        weight = self.embed.weight if tied else torch.nn.Parameter(self.lm_head.weight.detach().to(dtype), False)
-        self.lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
-        self.lm_head.weight = weight
+        elif self.embed.weight.dtype != dtype:
+            if type(self.lm_head) is not torch.nn.Linear or self.lm_head.bias is not None:
+                raise ValueError(f"a drafter dtype other than the target's needs a plain lm_head, not "
+                                 f"{type(self.lm_head).__name__}")
+            tied = self.lm_head.weight is self.embed.weight
+            self.embed = torch.nn.Embedding.from_pretrained(self.embed.weight.detach().to(dtype))
+            weight = self.embed.weight if tied else torch.nn.Parameter(self.lm_head.weight.detach().to(dtype), False)
+            self.lm_head = own_linear(weight)
+        elif type(self.lm_head) is torch.nn.Linear and self.lm_head.bias is None:
+            self.lm_head = own_linear(self.lm_head.weight)   # the target's weight, not its module
+        tune_linears(self.model, self.lm_head)
 
     def begin(self, features: torch.Tensor) -> None:
         self.cache = ContextKV(self.model.config.num_hidden_layers)
@@ -82,6 +83,14 @@ class DFlashBlock:
     def marginal_logits(self, anchor: int, depth: int) -> torch.Tensor:
         """[depth, V] logits of block positions 1..depth, each conditioned on the context only."""
         return self.lm_head(self.hidden(anchor)[1:1 + depth]).float()
+
+
+def own_linear(weight: torch.nn.Parameter) -> torch.nn.Linear:
+    """A bias-free Linear of the drafter's own over `weight` (shared, not copied): tuning its forward
+    (engine/matmul.py) must never touch a module of the target's."""
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    linear.weight = weight
+    return linear
 
 
 class BlockDrafter(BuildClock):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..engine.matmul import tune_linears
 from ..engine.tree import DraftTree
 from ..models.domino import DominoHead, HeadTables, check_domino_fits, load_domino
 from .base import DraftState, draw, with_siblings
@@ -24,6 +25,7 @@ class HeadDrafter(BlockDrafter):
     def cast(self, dtype: torch.dtype) -> None:
         super().cast(dtype)
         self.head_model.to(dtype)
+        tune_linears(self.head_model)
         self.tables = HeadTables(self.head_model, self.block.embed.weight)   # its vocabulary table too
 
     def propose(self, state: DraftState) -> DraftTree:

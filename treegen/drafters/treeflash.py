@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..engine.matmul import tune_linears
 from ..engine.tree import DraftTree, widths
 from ..models.treeflash import TreeFlashModel, fits, load_treeflash
 from . import defaults as D
@@ -71,6 +72,7 @@ class TreeFlashDrafter(BlockDrafter):
     def cast(self, dtype: torch.dtype) -> None:
         self.model.to(dtype)   # the head and the backbone (block.model)
         super().cast(dtype)
+        tune_linears(self.model.ar_approximation)
         self.make_table()
 
     def draft(self, anchor: int, depth: int) -> DraftTree:
