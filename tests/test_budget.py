@@ -62,6 +62,31 @@ def test_trim_keeps_the_best_nodes_in_score_order():
     assert out.tokens.tolist() == [5, 6] and out.parents.tolist() == [-1, 0]
 
 
+def test_cap_asks_for_twice_the_recent_sizes():
+    """cap(): none until CAP_WINDOW trims are seen, then twice the largest size they kept (>= CAP_FLOOR);
+    a drafter builds min(budget, cap) nodes, and a drawn tree (T > 0) keeps its budget."""
+    auto = B.AutoBudget(B.VerifyCost((1, 3, 4, 128), (0.01, 0.01, 1.0, 9.0)))   # keeps 2 of these 4 nodes
+    tree = DraftTree(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, 0, -1, 2]),
+                     scores=torch.tensor([-0.1, -0.2, -0.3, -0.4]))
+    for _ in range(B.CAP_WINDOW - 1):
+        auto.trim(tree, t_draft=0.0)
+    assert auto.cap() is None
+    auto.trim(tree, t_draft=0.0)
+    assert auto.cap() == B.CAP_FLOOR
+    auto.chosen.append(40)
+    assert auto.cap() == 80
+
+
+def test_a_tree_drafter_builds_at_most_the_cap(pair):
+    target, drafter_dir = pair
+    drafter = build_drafter("ddtree", target, drafter_dir, {"budget": 48})
+    assert drafter.nodes == 48
+    drafter.max_nodes = 20
+    assert drafter.nodes == 20 and len(drafter.tree(torch.randn(6, 64).log_softmax(-1))) == 20
+    drafter.law = object()   # drawing (T > 0): the engine trims drawn trees by depth, not by count
+    assert drafter.nodes == 48
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     from test_dflash import tiny_drafter_config

@@ -49,7 +49,7 @@ class DARTreeDrafter(HeadDrafter):
 
     def draft(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor) -> DraftTree:
         if self.law is None:
-            return self.grow(anchor, z, base, self.budget)
+            return self.grow(anchor, z, base, self.nodes)
         if self.draw_shape == "tree":   # drawn first: a tree, each node's law from its own GRU state
             spine = self.drawn_tree(anchor, z, base)
         else:                           # or Domino's drawn chain with its siblings

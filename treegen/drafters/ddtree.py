@@ -25,6 +25,6 @@ class DDTreeDrafter(BlockDrafter):
     def tree(self, logp: torch.Tensor) -> DraftTree:
         top = torch.topk(logp, min(self.top_k, logp.shape[-1]), dim=-1)
         if self.law is None:
-            return marginal_tree(top.values, top.indices, self.budget)
+            return marginal_tree(top.values, top.indices, self.nodes)
         spine = marginal_spine(logp, self.law, self.draws, self.budget, self.draw_shape)
         return with_spine(spine, marginal_tree(top.values, top.indices, max(self.budget - len(spine), 1)))

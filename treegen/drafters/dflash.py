@@ -103,6 +103,15 @@ class BlockDrafter(BuildClock):
         self.sample, self.law = D.SAMPLE, None   # `sample` (set by build_drafter); this round's law, if drawing
         self.draws = D.DRAWS                     # drawn children per depth, with `sample` (base.with_siblings)
         self.draw_shape = D.DRAW_SHAPE           # a drawn chain with siblings, or a drawn tree (drafters/drawn.py)
+        self.max_nodes: int | None = None        # this round's cap from the engine (budget: auto), if any
+
+    @property
+    def nodes(self) -> int:
+        """This round's deterministic tree size: the budget, or the engine's cap if smaller (a tree with
+        drawn nodes keeps its budget: how many draws are verified is the engine's choice, by depth)."""
+        if self.max_nodes is None or self.law is not None:
+            return self.budget
+        return min(self.budget, self.max_nodes)
 
     def cast(self, dtype: torch.dtype) -> None:
         """Drafting in `dtype` (the `dtype` option: drafters/precision.py)."""
@@ -119,7 +128,7 @@ class BlockDrafter(BuildClock):
         return state if self.sample and state.sampling else None
 
     def propose(self, state: DraftState) -> DraftTree:
-        self.law = self.sampling(state)
+        self.law, self.max_nodes = self.sampling(state), state.max_nodes
         depth = min(self.block.block_size - 1, state.max_depth)
         if depth < 1:  # nothing fits; the context still has to reach the drafter's cache
             self.block.hidden(int(state.tokens[-1]))

@@ -29,7 +29,7 @@ class HeadDrafter(BlockDrafter):
         self.tables = HeadTables(self.head_model, self.block.embed.weight)   # its vocabulary table too
 
     def propose(self, state: DraftState) -> DraftTree:
-        self.law = self.sampling(state)
+        self.law, self.max_nodes = self.sampling(state), state.max_nodes
         depth = min(self.max_drafts, state.max_depth)
         hidden = self.block.hidden(int(state.tokens[-1]))  # folds the new context into the cache either way
         if depth < 1:

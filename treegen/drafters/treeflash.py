@@ -84,7 +84,7 @@ class TreeFlashDrafter(BlockDrafter):
         tables = self.tables(hidden, anchor, parts, scored)
         if self.law is None:
             with self.building(hidden.device):
-                return best_first(*tables, self.budget)
+                return best_first(*tables, self.nodes)
         # sampling: drafts drawn from the head's conditional laws first, the tree on the residual draws
         if grown:
             spine = self.drawn_tree(hidden, anchor, parts, scored)

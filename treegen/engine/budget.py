@@ -11,6 +11,7 @@ The drafter proposes its largest tree; trimming it to a prefix-closed top-n keep
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ MAX_REST = 16                         # most rounds of plain decoding before dra
 REST_MARGIN = 0.9                     # rest only when drafting rounds run below this share of plain speed
 REST_WINDOW = 0.2                     # weight of the latest drafting round in the running rate
 REST_AFTER = 4                        # drafting rounds seen before the running rate is trusted
+CAP_WINDOW, CAP_FLOOR = 8, 32         # cap(): rounds it looks back over, the least it asks for
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ class AutoBudget:
         self.catching_up = False   # the round after a rest folds the skipped context: not a typical pass
         self.tokens = self.seconds = 0.0   # running means over drafting rounds
         self.rounds = 0
+        self.chosen: deque[int] = deque(maxlen=CAP_WINDOW)   # sizes kept by the last rounds' trims
         self.plain = 1.0 / float(cost(torch.ones(1))[0])   # tokens/s of plain decoding: one token a one-row forward
 
     def choose(self, scores: torch.Tensor, expected: float = 1.0, rows: int = 0) -> int:
@@ -161,6 +164,14 @@ class AutoBudget:
         gains = expected + torch.cat([torch.zeros(1), self.model.probability(scores).cumsum(0)])
         seconds = (self.t_draft or 0.0) + self.cost(rows + torch.arange(len(scores) + 1) + 1)
         return int((gains / seconds).argmax())
+
+    def cap(self) -> int | None:
+        """The most nodes worth building this round: twice the largest size kept in the last CAP_WINDOW
+        rounds (at least CAP_FLOOR), so a drafter stops building nodes the trim would drop (their best-first
+        order is the trim's order); None until the window is full."""
+        if len(self.chosen) < CAP_WINDOW:
+            return None
+        return max(CAP_FLOOR, 2 * max(self.chosen))
 
     def round_done(self, tokens: int, seconds: float, drafted: bool) -> None:
         """After each round (drafted: the drafter ran, whatever the trim kept): the running tokens/s of
@@ -203,7 +214,9 @@ class AutoBudget:
         # stable: on equal scores the lower index (a parent before its child) comes first
         scores, order = torch.sort(tree.scores.float().cpu(), descending=True, stable=True)
         keep = torch.zeros(len(tree), dtype=torch.bool)
-        keep[order[:self.choose(scores)]] = True
+        size = self.choose(scores)
+        self.chosen.append(size)
+        keep[order[:size]] = True
         return tree.select(keep.to(tree.tokens.device))
 
     def trim_drawn(self, tree: DraftTree, shape: str = "chain") -> DraftTree:

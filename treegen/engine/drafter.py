@@ -19,6 +19,7 @@ class DraftState:
     max_depth: int         # deepest node the engine can still verify (context and max_new_tokens)
     sampler: Sampler | None = None                 # the target's sampling law (a drafter may sample by it)
     generator: torch.Generator | None = None       # the generation's random stream (None: torch's global one)
+    max_nodes: int | None = None   # budget: auto's most nodes it could verify this round (None: no cap)
 
     @property
     def sampling(self) -> bool:

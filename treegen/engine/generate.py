@@ -138,7 +138,8 @@ class _Loop:
         if hasattr(self.drafter, "t_build"):
             self.drafter.t_build = 0.0   # a proposal that builds no tree reports none
         t0 = time.perf_counter()
-        tree = self.drafter.propose(DraftState(self.tokens, self.room(), self.config.sampler, self.generator))
+        cap = self.auto.cap() if self.auto is not None else None
+        tree = self.drafter.propose(DraftState(self.tokens, self.room(), self.config.sampler, self.generator, cap))
         self.way = getattr(self.drafter, "way", None)
         sync(self.device)
         t1 = time.perf_counter()
