@@ -15,9 +15,10 @@ import torch
 from ..engine.tree import DraftTree
 
 
-def host_tables(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor) -> list:
-    """The three tables as nested lists, in one device-to-host copy (ids < 2**24 are exact in fp32)."""
-    return torch.stack([logp.float(), tokens.float(), links.float()]).cpu().tolist()
+def host_tables(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor):
+    """The three tables as one host array, in one device-to-host copy (ids < 2**24 are exact in fp32); read
+    entry by entry, since the walk touches a few rows of many (a full tolist() cost more than the walk)."""
+    return torch.stack([logp.float(), tokens.float(), links.float()]).cpu().numpy()
 
 
 def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, budget: int) -> DraftTree:
@@ -29,17 +30,17 @@ def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, bu
     """
     depth_n, _, k = logp.shape
     lp, tok, link = host_tables(logp, tokens, links)
-    heap = [(-lp[0][0][0], 0, 0, 0, -1, 0.0)]  # (-score, depth, row, rank, parent node, parent score)
+    heap = [(-float(lp[0, 0, 0]), 0, 0, 0, -1, 0.0)]  # (-score, depth, row, rank, parent node, parent score)
     out_tok, out_par, out_depth, out_score = [], [], [], []
     while heap and len(out_tok) < budget:
         neg, d, r, rank, parent, base = heapq.heappop(heap)
         node = len(out_tok)
-        out_tok.append(int(tok[d][r][rank])), out_par.append(parent), out_depth.append(d + 1), out_score.append(-neg)
+        out_tok.append(int(tok[d, r, rank])), out_par.append(parent), out_depth.append(d + 1), out_score.append(-neg)
         if rank + 1 < k:
-            heapq.heappush(heap, (-(base + lp[d][r][rank + 1]), d, r, rank + 1, parent, base))
-        nxt = int(link[d][r][rank])
+            heapq.heappush(heap, (-(base + float(lp[d, r, rank + 1])), d, r, rank + 1, parent, base))
+        nxt = int(link[d, r, rank])
         if d + 1 < depth_n and nxt >= 0:
-            heapq.heappush(heap, (neg - lp[d + 1][nxt][0], d + 1, nxt, 0, node, -neg))
+            heapq.heappush(heap, (neg - float(lp[d + 1, nxt, 0]), d + 1, nxt, 0, node, -neg))
     dev = logp.device
     return DraftTree(torch.tensor(out_tok, device=dev), torch.tensor(out_par, device=dev),
                      torch.tensor(out_depth, device=dev), torch.tensor(out_score, device=dev))
