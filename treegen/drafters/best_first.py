@@ -18,7 +18,7 @@ from ..engine.tree import DraftTree
 def host_tables(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor):
     """The three tables as one host array, in one device-to-host copy (ids < 2**24 are exact in fp32); read
     entry by entry, since the walk touches a few rows of many (a full tolist() cost more than the walk)."""
-    return torch.stack([logp.float(), tokens.float(), links.float()]).cpu().numpy()
+    return torch.stack([logp.float(), tokens.float(), links.float()]).detach().cpu().numpy()
 
 
 def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, budget: int) -> DraftTree:
