@@ -28,6 +28,7 @@ FORMS = ("linear", "packed", "t", "swapped")
 ROWS = (1, 2, 4, 8, 16, 32, 64)     # measured row counts; a count uses the form of the next measured one up
 MARGIN = 0.85                       # another form replaces F.linear only when it takes < 85% of its time
 COLD_BYTES = 96 << 20               # weights rotated through while timing: more than a CPU's last-level cache
+MAX_COPIES = 64                     #   but no more copies than this (a tiny weight would need thousands)
 COPY_BUDGET = 2 << 30               # bytes of weight copies (packed or transposed) per process
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -123,7 +124,8 @@ def pick(seconds: dict[str, dict[int, float]]) -> dict[int, str]:
 def time_forms(n_out: int, n_in: int, dtype, repeats: int = 7) -> dict[str, dict[int, float]]:
     """Fastest of `repeats` timings per form and row count, each on a weight not read since the cache
     last held it (copies rotated through), as in a forward where the other layers' weights come between."""
-    copies = max(2, -(-COLD_BYTES // (n_out * n_in * torch.finfo(dtype).bits // 8)))
+    size = n_out * n_in * torch.finfo(dtype).bits // 8
+    copies = min(MAX_COPIES, max(2, -(-COLD_BYTES // size)))   # a small weight: a few reads between
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(n_out, n_in, generator=gen).to(dtype)
     weights = [weight] + [weight.clone() for _ in range(copies - 1)]
