@@ -8,13 +8,15 @@ import contextvars
 import copy
 import hashlib
 import io
-import json
 import os
 import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .engine.disk import cache_root as measurements
+from .engine.disk import read_table, write_entry
 
 MAGIC = b"GGUF"
 PIP = "pip install 'gguf>=0.10'"
@@ -96,8 +98,6 @@ def cached_target(file: Path) -> Path:
 
 def cache_root() -> Path:
     """$TREEGEN_CACHE, $XDG_CACHE_HOME/treegen or ~/.cache/treegen (as every measurement), then gguf/."""
-    from .engine.disk import cache_root as measurements
-
     return measurements() / "gguf"
 
 
@@ -114,32 +114,12 @@ def file_key(file: Path, root: Path) -> str:
     """The file's digest, remembered by (path, size, mtime): a file is hashed again only when it changed."""
     st = file.stat()
     stamp = [st.st_size, st.st_mtime_ns]
-    index = read_index(root / "index.json")
-    entry = index.get(str(file))
+    entry = read_table(root / "index.json").get(str(file))
     if isinstance(entry, dict) and entry.get("stamp") == stamp and isinstance(entry.get("sha256"), str):
         return entry["sha256"]
     key = digest(file)
-    index[str(file)] = {"stamp": stamp, "sha256": key}
-    write_index(root / "index.json", index)
+    write_entry(root / "index.json", str(file), {"stamp": stamp, "sha256": key})   # atomic: no half index
     return key
-
-
-def read_index(path: Path) -> dict:
-    try:
-        index = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return index if isinstance(index, dict) else {}
-
-
-def write_index(path: Path, index: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(index, indent=1))
-        tmp.replace(path)  # atomic: two loads at once never leave a half index
-    except OSError:
-        pass  # an index that cannot be written only costs a rehash next time
 
 
 def read_header(file: Path) -> Header:
