@@ -94,6 +94,9 @@ def test_a_tuned_linear_follows_its_weight():
     plain, biased = torch.nn.Linear(8, 6, bias=False), torch.nn.Linear(8, 6)
     M.tune_linears(torch.nn.Sequential(plain, biased))
     assert isinstance(plain.forward, M.TunedForward) and not isinstance(biased.forward, M.TunedForward)
+    first = plain.forward
+    M.tune_linears(plain)                      # a module shared by two drafters is tuned once
+    assert plain.forward is first
     x = torch.randn(3, 8)
     torch.testing.assert_close(plain(x), F.linear(x, plain.weight))
     plain.weight = torch.nn.Parameter(torch.randn(6, 8))

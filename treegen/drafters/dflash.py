@@ -32,7 +32,7 @@ class DFlashBlock:
         """The drafter in `dtype`, with its own copies of the target's embedding and lm_head (the target
         keeps its weights); `like`: a block already cast whose copies to share. Then its matmuls tuned."""
         self.model.to(dtype)
-        if like is not None and self.embed.weight.dtype != dtype:
+        if like is not None:   # already in `dtype`, its lm_head its own (and tuned) whatever the dtype
             self.embed, self.lm_head = like.embed, like.lm_head
         elif self.embed.weight.dtype != dtype:
             if type(self.lm_head) is not torch.nn.Linear or self.lm_head.bias is not None:

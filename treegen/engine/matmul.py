@@ -178,5 +178,6 @@ def tune_linears(*modules: torch.nn.Module) -> None:
     modules only (never the target's: its rows must stay what the lean forward or transformers compute)."""
     for root in modules:
         for module in root.modules():
-            if type(module) is torch.nn.Linear and module.bias is None and applies(module.weight):
+            tuned = isinstance(module.__dict__.get("forward"), TunedForward)   # shared, or tuned by a cast before
+            if type(module) is torch.nn.Linear and module.bias is None and applies(module.weight) and not tuned:
                 module.forward = TunedForward(module)
