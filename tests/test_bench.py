@@ -188,3 +188,35 @@ def test_bad_input_is_one_usage_line(tiny_model_dir, tmp_path, args, message):
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("treegen: error: ") and message in lines[0], lines
+
+
+def test_runs_carry_token_digests_equal_to_ars_and_the_title_names_the_model(greedy_run):
+    result, record, _ = greedy_run
+    digests = {(r["label"], r["prompt"], r["repeat"]): r["tokens_sha256"] for r in record["runs"]}
+    for (label, prompt, repeat), digest in digests.items():
+        assert digest == digests["ar", prompt, 0], (label, prompt, repeat)
+    assert "ForCausalLM" in record["model"] and record["model"] in result.stdout
+    assert record["interrupted"] is False and record["load"]["runs"] == len(record["runs"])
+
+
+def test_ctrl_c_keeps_the_table_and_json_of_the_prompts_that_finished(tiny_model_dir, prompts_file, tmp_path,
+                                                                    monkeypatch):
+    from treegen.bench.peers import HFPeer
+
+    real, calls = HFPeer.run, []
+
+    def interrupted_on_the_third_prompt(self, ids, *args):
+        calls.append(ids)
+        if self.label == "hf-pld" and len(calls) > 6:    # warm-up (2 peers) + 2 prompts x 2 peers, then Ctrl-C
+            raise KeyboardInterrupt
+        return real(self, ids, *args)
+
+    monkeypatch.setattr(HFPeer, "run", interrupted_on_the_third_prompt)
+    out = tmp_path / "b.json"
+    result = invoke("--methods", "ar", "--prompts", prompts_file, "-n", 4, "--repeats", 1,
+                    "--target", tiny_model_dir, "--json", out)
+    assert result.exit_code == 130, result.output
+    record = json.loads(out.read_text())
+    assert record["interrupted"] is True and {r["prompt"] for r in record["runs"]} == {"add", "loop"}
+    assert "2 of 3 prompts" in result.stdout and "interrupted" in result.stdout
+    assert "speedup vs ar (range)" not in result.stdout    # one repeat: one value, no range

@@ -20,7 +20,9 @@ HELP = f"""Benchmark methods side by side: acceptance, tokens/s, speedup vs ar.
 Every number is given over all prompts and per prompt category. The table goes to stdout; --json and
 --plot write files. Each target is loaded once and shared by its methods; after a warm-up
 ({WARMUP_TOKENS} tokens per method) every prompt runs every method in turn, so drift hits all alike.
-At T=0 an output that differs from ar's is shown in red and makes the exit status 1.
+At T=0 an output that differs from ar's is shown in red and makes the exit status 1. A warning on stderr
+says when other processes competed for the cores (the timings are then not the methods'). Ctrl-C keeps
+the prompts every method finished: their table and JSON, exit status 130.
 
 \b
 treegen bench --methods ar,pld,dflash,ddtree -n 128 --json bench.json --plot bench.png
@@ -67,7 +69,8 @@ treegen bench --target Qwen/Qwen3-8B --methods ar,pld --prompts chat --temperatu
               help="CPU threads for torch (default: torch's; fewer on a machine shared with other work).")
 @click.option("--json", "json_path", metavar="PATH", help="Write every number (and every run) as JSON.")
 @click.option("--plot", "plot_path", metavar="PATH",
-              help="Write a PNG: acceptance length and speedup by category, acceptance per position.")
+              help="Write a PNG: acceptance length and speedup by category, acceptance per position. Needs "
+                   "matplotlib, an optional extra: pip install 'treegen[bench]' (checked before anything loads).")
 @click.option("--allow-mismatch", is_flag=True, help="Exit 0 even when a T=0 output differs from ar's.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of errors.")

@@ -131,9 +131,10 @@ def in_category(runs: list[Run], prompt_categories: list[str], category: str) ->
 
 def result(label: str, info: dict, runs: list[Run], baseline: list[Run], has_rounds: bool, greedy: bool,
            prompt_ids: list[str], prompt_categories: list[str]) -> Result:
+    ran = {r.prompt for r in runs}    # all of them, unless Ctrl-C cut the bench short
     per_category = {c: summarize(in_category(runs, prompt_categories, c), in_category(baseline, prompt_categories, c),
                                  has_rounds, greedy, prompt_ids)
-                    for c in categories_of(prompt_categories)}
+                    for c in categories_of([c for i, c in enumerate(prompt_categories) if i in ran])}
     return Result(label, info, summarize(runs, baseline, has_rounds, greedy, prompt_ids), per_category)
 
 

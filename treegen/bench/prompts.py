@@ -118,10 +118,10 @@ def check_unique_ids(prompts: list[Prompt], path: Path) -> None:
 
 def build_stdlib_heldout() -> list[Prompt]:
     """Deterministic prompts from held-out stdlib files, kinds interleaved (so --limit keeps a mix)."""
-    from ..train.corpus import stdlib_files, stdlib_root
+    from .stdlib_split import heldout_files, stdlib_root
 
     root = stdlib_root()
-    per_file = [file_candidates(path, path.relative_to(root).as_posix()) for path in stdlib_files("heldout")]
+    per_file = [file_candidates(path, path.relative_to(root).as_posix()) for path in heldout_files(root)]
     chosen = [spread(first_per_file(per_file, kind), count) for kind, count in STDLIB_KINDS.items()]
     return [p for p in chain.from_iterable(zip_longest(*chosen)) if p is not None]
 

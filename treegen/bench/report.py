@@ -1,6 +1,7 @@
 """The bench's outputs: the JSON record (the machine output) and the rich table (for people)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 from dataclasses import asdict
@@ -57,11 +58,18 @@ def transformers_version() -> str:
     return transformers.__version__
 
 
+def token_digest(tokens: list[int]) -> str:
+    """The generated ids as a short digest: two runs' outputs are equal exactly when their digests are (to a
+    1 in 2^64 chance), so "= ar" can be re-checked from the JSON alone."""
+    return hashlib.sha256(",".join(map(str, tokens)).encode("ascii")).hexdigest()[:16]
+
+
 def run_dict(run: Run, prompts: list[Prompt]) -> dict:
     stats = run.output.stats
     return {"label": run.label, "prompt": prompts[run.prompt].id, "repeat": run.repeat,
             "new_tokens": stats.new_tokens, "wall_time_s": stats.wall_time,
-            "tokens_per_second": stats.tokens_per_second}
+            "tokens_per_second": stats.tokens_per_second, "tokens_sha256": token_digest(run.output.tokens),
+            "other_cores": None if run.other_cores is None else round(run.other_cores, 3)}
 
 
 def record(meta: dict, settings: Settings, prompts: list[Prompt], results: list[Result], runs: list[Run]) -> dict:
@@ -113,27 +121,29 @@ def identity(s: Summary) -> str:
     return f"[bold red]NO ({prompts} prompt{'s' * (prompts != 1)})[/bold red]"
 
 
-def speed(s: Summary) -> str:
+def speed(s: Summary, single: bool = False) -> str:
+    """The median ratio, and the range over repeats when there are several (one repeat has no range)."""
     x = s.speedup_vs_ar
-    return f"{x.median:.2f}x ({x.min:.2f}-{x.max:.2f})"
+    return f"{x.median:.2f}x" if single else f"{x.median:.2f}x ({x.min:.2f}-{x.max:.2f})"
 
 
-def row(label: str, s: Summary) -> list[str]:
+def row(label: str, s: Summary, single: bool = False) -> list[str]:
     return [label, fmt(s.mean_accepted_length), positions(s.acceptance_per_position), fmt(s.mean_tree_size, ".1f"),
-            fmt(s.tokens_per_second, ".1f"), speed(s), split(s), identity(s)]
+            fmt(s.tokens_per_second, ".1f"), speed(s, single), split(s), identity(s)]
 
 
-def table(results: list[Result], title: str):
+def table(results: list[Result], title: str, single: bool = False):
     from rich.table import Table
 
     t = Table(title=title, title_justify="left")
     for name, justify in (("prompts", "left"), ("method", "left"), ("accept len", "right"),
                           ("accept by position", "left"), ("tree", "right"), ("tok/s", "right"),
-                          ("speedup vs ar (range)", "right"), ("draft/build/verify/other %", "right"), ("= ar", "left")):
+                          ("speedup vs ar" if single else "speedup vs ar (range)", "right"),
+                          ("draft/build/verify/other %", "right"), ("= ar", "left")):
         t.add_column(name, justify=justify)
     for category, summaries in by_category(results).items():
         for i, (label, s) in enumerate(summaries.items()):
-            t.add_row(f"{category} ({s.prompts})" if i == 0 else "", *row(label, s))
+            t.add_row(f"{category} ({s.prompts})" if i == 0 else "", *row(label, s, single))
         t.add_section()
     return t
 
@@ -148,7 +158,8 @@ def mismatch_lines(results: list[Result]) -> list[str]:
     return lines
 
 
-def show(results: list[Result], title: str, console) -> None:
-    console.print(table(results, title))
+def show(results: list[Result], title: str, console, single: bool = False) -> None:
+    """The table; `single`: one repeat, so the speedup column shows one value, not a range."""
+    console.print(table(results, title, single))
     for line in mismatch_lines(results):
         console.print(line)

@@ -41,6 +41,24 @@ class Run:
     prompt: int           # index into the prompt list
     repeat: int
     output: Output
+    other_cores: float | None = None   # cores other processes kept busy while it ran (load.py)
+
+
+class BenchInterrupted(Exception):
+    """Ctrl-C during the runs: the runs that finished, every contestant's on the same prompts."""
+
+    def __init__(self, runs: list[Run]):
+        super().__init__("interrupted")
+        self.runs = runs
+
+
+def complete_groups(runs: list[Run], contestants: int) -> list[Run]:
+    """The runs of every (repeat, prompt) that all contestants finished: a table over them compares like with
+    like (each prompt has its baseline)."""
+    done: dict = {}
+    for r in runs:
+        done.setdefault((r.repeat, r.prompt), []).append(r)
+    return [r for group in done.values() if len(group) == contestants for r in group]
 
 
 class Contestant(Protocol):
@@ -114,16 +132,23 @@ def warm_up(contestants: list[Contestant], prompt: Prompt, settings: Settings) -
 
 def run_all(contestants: list[Contestant], prompts: list[Prompt], settings: Settings,
             on_run: Callable[[Run], None] | None = None) -> list[Run]:
-    """Every contestant on every prompt, `repeats` times, interleaved; the runs in the order they ran."""
-    warm_up(contestants, prompts[0], settings)
-    encoded = {(c.label, i): c.encode(p.text) for c in contestants for i, p in enumerate(prompts)}
-    runs = []
-    for repeat in range(settings.repeats):
-        for i in range(len(prompts)):
-            seed = settings.seed_for(i, repeat, len(prompts))
-            for c in contestants:
-                out = c.run(encoded[c.label, i], settings.max_new_tokens, settings.temperature, seed)
-                runs.append(Run(c.label, i, repeat, out))
-                if on_run is not None:
-                    on_run(runs[-1])
+    """Every contestant on every prompt, `repeats` times, interleaved; the runs in the order they ran.
+    Ctrl-C raises BenchInterrupted with the (repeat, prompt) groups every contestant finished."""
+    from .load import other_cores, sample
+
+    runs: list[Run] = []
+    try:
+        warm_up(contestants, prompts[0], settings)
+        encoded = {(c.label, i): c.encode(p.text) for c in contestants for i, p in enumerate(prompts)}
+        for repeat in range(settings.repeats):
+            for i in range(len(prompts)):
+                seed = settings.seed_for(i, repeat, len(prompts))
+                for c in contestants:
+                    before = sample()
+                    out = c.run(encoded[c.label, i], settings.max_new_tokens, settings.temperature, seed)
+                    runs.append(Run(c.label, i, repeat, out, other_cores(before, sample())))
+                    if on_run is not None:
+                        on_run(runs[-1])
+    except KeyboardInterrupt:
+        raise BenchInterrupted(complete_groups(runs, len(contestants))) from None
     return runs

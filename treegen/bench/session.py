@@ -4,12 +4,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..cli_errors import Failure
+from ..cli_errors import Failure, Interrupted
 from ..cli_options import loading_notice
+from .load import sample
 from .methods import MethodSpec, baseline_of, default_methods, local, resolve, split_list
 from .metrics import Result, result
 from .prompts import DEFAULT_PROMPTS, Prompt, load_prompts
-from .runner import Run, Settings
+from .runner import BenchInterrupted, Run, Settings
 
 
 def run_bench(kw: dict, command: str) -> None:
@@ -28,10 +29,44 @@ def run_bench(kw: dict, command: str) -> None:
     contestants = load_all(specs, kw)
     for c in contestants:
         c.chat = chat_prompts(kw)
-    runs = run_with_progress(contestants, prompts, settings, kw["quiet"])
+    before, interrupted = sample(), False
+    try:
+        runs = run_with_progress(contestants, prompts, settings, kw["quiet"])
+    except BenchInterrupted as stop:
+        if not stop.runs:
+            raise Interrupted() from None
+        runs, interrupted = stop.runs, True
     results = summarize_all(contestants, specs, runs, prompts, settings)
-    write_outputs(kw, results, runs, prompts, settings, meta(kw, command, specs))
+    info = {**meta(kw, command, specs), "model": model_name(contestants),
+            "load": load_record(before, runs), "interrupted": interrupted}
+    write_outputs(kw, results, runs, prompts, settings, info)
+    if interrupted:
+        raise Interrupted()
     fail_on_mismatch(results, kw["allow_mismatch"])
+
+
+def load_record(before, runs: list[Run]) -> dict:
+    """How busy the machine was with other work while the bench ran (load.py): the JSON keeps it."""
+    import os
+
+    from .load import BUSY_CORES, load_average, other_cores
+
+    per_run = [r.other_cores for r in runs if r.other_cores is not None]
+    busy = other_cores(before, sample())
+    return {"cores": os.cpu_count(), "other_cores": None if busy is None else round(busy, 3),
+            "load_average_after": load_average(), "runs": len(runs),
+            "disturbed_runs": sum(x > BUSY_CORES for x in per_run) if per_run else None}
+
+
+def model_name(contestants) -> str:
+    """The first target's model class and size, so a table of the demo target names the model it ran."""
+    generator = getattr(contestants[0], "generator", None) if contestants else None
+    model = getattr(generator, "model", None)
+    if model is None:
+        return ""
+    params = sum(p.numel() for p in model.parameters())
+    size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
+    return f"{type(model).__name__}, {size} parameters"
 
 
 def chat_prompts(kw: dict) -> bool:
@@ -172,13 +207,42 @@ def write_outputs(kw: dict, results: list[Result], runs: list[Run], prompts: lis
     from ..ui import is_terminal
     from .report import record, show, write_json
 
-    title = (f"{Path(meta_['target']).name}: {plural(len(prompts), 'prompt')} x {plural(settings.repeats, 'repeat')}, "
-             f"n={settings.max_new_tokens}, T={settings.temperature:g}")
-    show(results, title, Console(file=sys.stdout, width=None if is_terminal(sys.stdout) else 160))
+    title = table_title(meta_, prompts, runs, settings)
+    show(results, title, Console(file=sys.stdout, width=None if is_terminal(sys.stdout) else 160),
+         single=settings.repeats == 1)
+    warn(results, meta_["load"])
     if kw["json_path"]:
-        write_json(kw["json_path"], record(meta_, settings, prompts, results, runs))
+        write_json(kw["json_path"], record({**meta_, "warnings": load_warnings(results, meta_["load"])}, settings,
+                                           prompts, results, runs))
     if kw["plot_path"]:
         plot_module().plot(results, kw["plot_path"], title)
+
+
+def table_title(meta_: dict, prompts: list[Prompt], runs: list[Run], settings: Settings) -> str:
+    """The target by name (the shipped pairs: their name and the model class and size), what ran, and how
+    much of it when Ctrl-C cut the run short."""
+    from ..assets import target_label
+
+    name = target_label(meta_["target"])
+    name = Path(name).name if Path(name).is_absolute() else name
+    model = f" ({meta_['model']})" if meta_.get("model") else ""
+    done = len({r.prompt for r in runs})
+    shown = plural(len(prompts), "prompt") if done == len(prompts) else f"{done} of {plural(len(prompts), 'prompt')}"
+    cut = " (interrupted: the runs that finished)" if meta_.get("interrupted") else ""
+    return (f"{name}{model}: {shown} x {plural(settings.repeats, 'repeat')}, n={settings.max_new_tokens}, "
+            f"T={settings.temperature:g}{cut}")
+
+
+def load_warnings(results: list[Result], load: dict) -> list[str]:
+    from .load import warnings
+
+    return warnings(results, load)
+
+
+def warn(results: list[Result], load: dict) -> None:
+    """Signs of a disturbed measurement, on stderr (even with --quiet: a wrong number is worse than noise)."""
+    for line in load_warnings(results, load):
+        print(f"treegen: warning: {line}", file=sys.stderr)
 
 
 def plural(count: int, noun: str) -> str:
