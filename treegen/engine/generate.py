@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
 from .budget import AutoBudget, VerifyCost
 from .cache import check_compactable, compact, new_cache
 from .drafter import Drafter, DraftState, sync
+from .prefill import DEFAULT_CHUNK
 from .prefix import PrefixCache
 from .sampling import Sampler
 from .target import Logits, TargetStep
@@ -36,10 +37,13 @@ class GenerationConfig:
     eos_token_ids: frozenset[int] = frozenset()
     context_length: int | None = None  # positions the target can attend over; None = unbounded
     verify_cost: VerifyCost | None = None  # set: `budget: auto`, each tree trimmed to its best size here
+    prefill_chunk: int = DEFAULT_CHUNK     # prompt rows per prefill forward (engine/prefill.py)
 
     def __post_init__(self):
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class _Loop:
                  prefix: PrefixCache | None = None):
         self.model, self.drafter, self.config = model, drafter, config
         self.device = prompt.device
-        self.step = TargetStep(model, tuple(drafter.target_layer_ids))
+        self.step = TargetStep(model, tuple(drafter.target_layer_ids), prefill_chunk=config.prefill_chunk)
         self.cache = new_cache(model)
         self.prefix, self.reused = prefix, 0
         self.features: list[torch.Tensor] = []   # with a prefix cache: the target features of every cached row
@@ -144,6 +148,7 @@ class _Loop:
         sync(self.device)
         t1 = time.perf_counter()
         tree = tree.dedup().truncate_depth(self.room()) if len(tree) else tree
+        tree = on_device(tree, self.device)   # a drafter on another GPU than the target's inputs (device maps)
         if self.auto is not None:
             tree = self.auto.trim(tree, t1 - t0, getattr(self.drafter, "draw_shape", "chain"))
         self.t_tree = getattr(self.drafter, "t_build", 0.0) + time.perf_counter() - t1
@@ -183,6 +188,14 @@ class _Loop:
         if finish is None and self.room() < 0:
             finish = "context"
         return tokens, finish
+
+
+def on_device(tree: DraftTree, device: torch.device) -> DraftTree:
+    """The tree's tensors on `device` (the same tree when they are there already)."""
+    if tree.tokens.device == device:
+        return tree
+    moved = {f.name: getattr(tree, f.name) for f in fields(tree)}
+    return DraftTree(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
 
 
 def generate(model, drafter: Drafter, prompt_ids: torch.Tensor, config: GenerationConfig,
