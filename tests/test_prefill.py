@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_qwen3
 from torch.profiler import ProfilerActivity, profile
 
 from treegen.assets import DEMO_DRAFTER, DEMO_TARGET
