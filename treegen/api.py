@@ -19,6 +19,7 @@ import torch
 
 from .drafters import auto_budget, build_drafter
 from .engine.generate import GenerationConfig, Round, generate
+from .engine.prefill import DEFAULT_CHUNK
 from .engine.prefix import PrefixCache
 from .engine.sampling import Sampler
 from .engine.stats import Stats
@@ -91,6 +92,7 @@ class Generator:
     load_in_8bit: bool = False
     load_in_4bit: bool = False
     attn_implementation: str = DEFAULT_ATTN
+    prefill_chunk: int = DEFAULT_CHUNK   # prompt rows per prefill forward (engine/prefill.py)
 
     def __post_init__(self):
         from .assets import DEMO_TARGET, best_method, local_or_shipped, pair_drafter_for, pair_of_target
@@ -149,7 +151,7 @@ class Generator:
                             "top_p": top_p, "min_p": min_p, "seed": seed})
         return GenerationConfig(s["max_new_tokens"], Sampler(s["temperature"], s["top_k"], s["top_p"], s["min_p"]),
                                 effective_seed(s["seed"]), eos_ids(self.model, self.tokenizer),
-                                context_length(self.model), self.verify_cost)
+                                context_length(self.model), self.verify_cost, self.prefill_chunk)
 
     def stream(self, prompt: str | list[int], *, stop: tuple[str, ...] = (), prefix: PrefixCache | None = None,
                **sampling) -> Iterator[Chunk]:
