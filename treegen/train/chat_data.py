@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .common import runtime_from, runtime_options
+
 MAX_NEW = 256
 TEMPERATURES = (0.0, 0.7)
 SEPARATOR = "\n\x1e\n"   # between prompts in prompts.txt (a prompt may hold blank lines)
@@ -190,10 +192,11 @@ class LayerTap:
             h.remove()
 
 
-def generate(target, tokenizer, prompts: list[str], out: Path, batch: int, log) -> None:
+def generate(target, tokenizer, prompts: list[str], out: Path, batch: int, log, rt=None) -> None:
     """Replies in length-sorted batches, run in a shuffled order; batch i is saved to out/part-i.pt (token
     ids and the target's states at feature_layers per conversation), so a rerun resumes and the parts written
-    so far are already a fair sample of the whole."""
+    so far are already a fair sample of the whole. Under torchrun (rt) the ranks take the batches round robin;
+    a batch's reply depends on its index alone, so the parts are those one process writes."""
     tokenizer.padding_side = "left"
     rendered = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                               add_generation_prompt=True) for p in prompts]
@@ -201,12 +204,15 @@ def generate(target, tokenizer, prompts: list[str], out: Path, batch: int, log) 
     batches = [order[i:i + batch] for i in range(0, len(order), batch)]
     eos, layers = tokenizer.eos_token_id, feature_layers(target.config)
     t0, done = time.perf_counter(), 0
-    for n, i in enumerate(random.Random(0).sample(range(len(batches)), len(batches))):  # any prefix is a sample
+    shuffled = random.Random(0).sample(range(len(batches)), len(batches))   # any prefix is a sample
+    for n in (rt.mine(len(shuffled)) if rt else range(len(shuffled))):
+        i = shuffled[n]
         rows = batches[i]
         part = out / f"part-{i:04d}.pt"
         if part.exists():
             continue
-        enc = tokenizer([rendered[j] for j in rows], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tokenizer([rendered[j] for j in rows], return_tensors="pt", padding=True,
+                        add_special_tokens=False).to(target.device)
         temp = TEMPERATURES[i % len(TEMPERATURES)]
         torch.manual_seed(i)
         sampling = {"do_sample": True, "temperature": temp, "top_k": 0, "top_p": 1.0} if temp > 0 \
@@ -215,7 +221,7 @@ def generate(target, tokenizer, prompts: list[str], out: Path, batch: int, log) 
         try:
             with torch.no_grad():
                 got = target.generate(**enc, max_new_tokens=MAX_NEW, pad_token_id=eos, eos_token_id=eos, **sampling)
-            feats = tap.features(got.shape[1])
+            got, feats = got.cpu(), tap.features(got.shape[1]).cpu()
         finally:
             tap.close()
         pad, width = (enc["attention_mask"] == 0).sum(1).tolist(), enc["input_ids"].shape[1]
@@ -245,7 +251,7 @@ def collect(out: Path, hidden: int, header: list[int]) -> int:
     store = FeatureStore.create(out / "features", stream, loaded[0]["layer_ids"], hidden)
     allowed, at = np.zeros(len(stream), dtype=bool), 0
     for ids, feats in convs:
-        store.data[at:at + len(ids)] = feats.numpy()
+        store.data[at:at + len(ids)] = feats.cpu().numpy()
         allowed[at + reply_start(ids, header) - 1:at + len(ids) - 1] = True   # the next token is the reply's
         at += len(ids)
     store.finish(len(stream))
@@ -270,6 +276,15 @@ def reply_start(ids: torch.Tensor, header: list[int]) -> int:
     return starts[-1] if starts else len(seq)
 
 
+def saved_prompts(saved: Path, rows: int, rt) -> list[str]:
+    """The prompts of this run: those its saved parts answered (a rerun resumes), else new ones, written by the
+    main rank before any rank reads them."""
+    if rt.main and not saved.exists():
+        saved.write_text(SEPARATOR.join(build_prompts(rows)), encoding="utf-8")
+    rt.barrier()
+    return saved.read_text(encoding="utf-8").split(SEPARATOR)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, help="a target path, .gguf, or 'smollm2'")
@@ -279,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--collect-only", action="store_true",
                         help="write stream.pt and the feature store from the batches saved so far, generate nothing")
+    runtime_options(parser)
     args = parser.parse_args(argv)
     from ..assets import shipped
     from ..loading import load_target
@@ -286,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    rt = runtime_from(args)
+
+    @rt.log
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
@@ -298,16 +317,14 @@ def main(argv: list[str] | None = None) -> int:
         folder = gguf_converted(shipped(args.target, "target"))
         tok, hidden = AutoTokenizer.from_pretrained(folder), AutoConfig.from_pretrained(folder).hidden_size
     else:
-        target, tok = load_target(shipped(args.target, "target"), dtype="fp32", device="cpu")
+        target, tok = load_target(shipped(args.target, "target"), dtype=rt.target_dtype, device=str(rt.device))
         hidden = target.config.hidden_size
-        saved = args.out / "prompts.txt"
-        if saved.exists():   # a rerun resumes with the prompts its saved parts answered
-            prompts = saved.read_text(encoding="utf-8").split(SEPARATOR)
-        else:
-            prompts = build_prompts(args.rows)
-            saved.write_text(SEPARATOR.join(prompts), encoding="utf-8")
+        prompts = saved_prompts(args.out / "prompts.txt", args.rows, rt)
         log(f"{len(prompts)} prompts; generating replies in batches of {args.batch}")
-        generate(target, tok, prompts, args.out, args.batch, log)
+        generate(target, tok, prompts, args.out, args.batch, log, rt)
+        rt.barrier()   # every rank's parts are written before the main rank collects them
+    if not rt.main:
+        return 0
     tokens = collect(args.out, hidden, assistant_header(tok))
     log(f"wrote {args.out / 'stream.pt'} and its target features: {tokens} tokens")
     return 0

@@ -12,8 +12,15 @@ from ..validate import shown
 from .guards import check_training_inputs, new_folder, stop_signals
 
 
+def main_rank() -> bool:
+    from .common import main_rank as main
+
+    return main()
+
+
 def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    if main_rank():
+        print(msg, file=sys.stderr, flush=True)
 
 
 def _shipped(value: str, kind: str) -> str:
@@ -32,6 +39,32 @@ def _set_threads(ctx, param, value: int | None) -> None:
         import torch
 
         torch.set_num_threads(value)
+
+
+def _device(ctx, param, value: str) -> str:
+    """A device this machine lacks is a usage error (exit 2) before anything loads."""
+    from .common import DeviceError, check_device
+
+    try:
+        check_device(value)
+    except DeviceError as err:
+        raise click.UsageError(str(err), ctx) from None
+    return value
+
+
+PRECISION_NAMES = ["auto", "fp32", "bf16"]   # common.PRECISIONS' names (torch loads only when a command runs)
+
+
+def runtime_options(f):
+    """--device and --dtype, on every trainer (torchrun's processes each take one device of the node)."""
+    f = click.option("--dtype", "precision", type=click.Choice(PRECISION_NAMES), default="auto", show_default=True,
+                     help="Compute precision: bf16 autocast (auto: where the device has native bf16: a CUDA GPU "
+                          "with bf16, a CPU with AVX512-BF16/AMX) with fp32 master weights and optimizer state, "
+                          "or fp32 throughout. The frozen target loads as it is served: in bf16 on such a GPU, "
+                          "fp32 on a CPU.")(f)
+    return click.option("--device", default="auto", show_default=True, callback=_device,
+                        help="auto (cuda when present, else the CPU), cpu, cuda or cuda:N; under torchrun each "
+                             "process takes cuda:LOCAL_RANK.")(f)
 
 
 def _folder(path: Path | None) -> str | None:
@@ -56,7 +89,8 @@ def loop_options(lr: float = 1e-3):
         click.option("--steps", type=POSITIVE, default=2000, show_default=True, help="Maximum optimizer steps."),
         click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Wall-clock budget; the LR schedule follows it."),
-        click.option("--batch", type=POSITIVE, default=8, show_default=True),
+        click.option("--batch", type=POSITIVE, default=8, show_default=True,
+                     help="Windows per optimizer step, all processes together (torchrun splits it evenly)."),
         click.option("--seq-len", type=POSITIVE, default=256, show_default=True),
         click.option("--anchors", type=POSITIVE, default=16, show_default=True,
                      help="Random anchors (blocks) per sequence."),
@@ -72,7 +106,7 @@ def loop_options(lr: float = 1e-3):
     def wrap(f):
         for option in reversed(shared):
             f = option(f)
-        return f
+        return runtime_options(f)
     return wrap
 
 
@@ -102,7 +136,7 @@ def loop_options(lr: float = 1e-3):
 @guarded
 def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, init, candidates,
                init_from_target, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, heldout_windows, resume,
-               feature_cache, seed):
+               feature_cache, seed, device, precision):
     """Train a DFlash block-diffusion drafter for TARGET; writes z-lab's checkpoint layout to OUT.
 
     Ctrl-C or SIGTERM stops at the end of the current step, with a checkpoint that --resume continues."""
@@ -120,7 +154,7 @@ def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_
                             seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
                             max_seconds=_budget(minutes), seed=seed, init_from_target=init_from_target,
                             candidates=candidates, heldout_windows=heldout_windows,
-                            feature_cache=_folder(feature_cache))
+                            feature_cache=_folder(feature_cache), device=device, precision=precision)
     with stop_signals(), new_folder(out):
         train_dflash_pipeline(target, list(data), out, cfg, mask_token_id=mask_token_id, regen=regen,
                               heldout=list(heldout), resume=resume, init=init, log=_log)
@@ -161,8 +195,9 @@ def tokenizer_cmd(data, out, vocab_size):
 @click.option("--steps", type=POSITIVE, default=100_000, show_default=True)
 @click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None)
 @click.option("--resume", is_flag=True, help="Continue from OUT/train-state (also after Ctrl-C or SIGTERM).")
+@runtime_options
 @guarded
-def target_cmd(tok_dir, data, out, steps, minutes, resume):
+def target_cmd(tok_dir, data, out, steps, minutes, resume, device, precision):
     """Train a small Qwen3-architecture target from scratch (how the demo target is made)."""
     from transformers import AutoTokenizer
 
@@ -174,9 +209,10 @@ def target_cmd(tok_dir, data, out, steps, minutes, resume):
         tok = AutoTokenizer.from_pretrained(tok_dir)
         model = build_target(tok)
         train_target(model, tokenize(read_data(list(data)), tok), out / "train-state", max_steps=steps,
-                     max_seconds=_budget(minutes), resume=resume)
-        model.save_pretrained(out)
-        tok.save_pretrained(out)
+                     max_seconds=_budget(minutes), resume=resume, device=device, precision=precision)
+        if main_rank():
+            model.save_pretrained(out)
+            tok.save_pretrained(out)
     _log(f"target written to {out}")
 
 
@@ -191,11 +227,11 @@ def target_cmd(tok_dir, data, out, steps, minutes, resume):
 @click.option("--heldout", "heldout", multiple=True, help="Held-out stream (.pt) or text: acceptance vs ddtree.")
 @click.option("--prompts", default=8, show_default=True, help="Held-out prompts for the acceptance estimate.")
 @click.option("--budgets", default="16,32,64", show_default=True, help="Tree budgets of the held-out comparison.")
-@click.option("--dtype", "save_dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32",
+@click.option("--save-dtype", "save_dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32",
               show_default=True, help="Dtype of the exported checkpoint.")
 @guarded
 def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, anchors, lr, soft, heldout, prompts,
-                  budgets, save_dtype, resume, feature_cache, seed):
+                  budgets, save_dtype, resume, feature_cache, seed, device, precision):
     """Train TreeFlash's SwiGLU head on a frozen DFlash backbone; writes TreeFlash's published layout to OUT."""
     from ..loading import DTYPES
     from .treeflash import TreeFlashTrainConfig
@@ -209,9 +245,11 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
         raise ValueError(f"--budgets takes comma-separated integers, got {budgets!r}") from None
     target, drafter = _shipped(target, "target"), _shipped(drafter, "drafter")
     cfg = TreeFlashTrainConfig(batch=batch, seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
-                               max_seconds=_budget(minutes), soft=soft, seed=seed, feature_cache=_folder(feature_cache))
-    train_treeflash_pipeline(target, drafter, list(data), out, cfg, heldout=list(heldout), prompts=prompts,
-                             budgets=budget_list, save_dtype=DTYPES[save_dtype], resume=resume, log=_log)
+                               max_seconds=_budget(minutes), soft=soft, seed=seed, feature_cache=_folder(feature_cache),
+                               device=device, precision=precision)
+    with stop_signals():
+        train_treeflash_pipeline(target, drafter, list(data), out, cfg, heldout=list(heldout), prompts=prompts,
+                                 budgets=budget_list, save_dtype=DTYPES[save_dtype], resume=resume, log=_log)
 
 
 @train.command("domino")
@@ -234,7 +272,7 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
 @click.option("--heldout", "heldout", multiple=True, help="Held-out stream (.pt) or text for the final comparison.")
 @guarded
 def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_label, prefix_len, steps, minutes,
-               batch, seq_len, anchors, lr, decay, soft, heldout, resume, feature_cache, seed):
+               batch, seq_len, anchors, lr, decay, soft, heldout, resume, feature_cache, seed, device, precision):
     """Train Domino's GRU correction head on a DFlash drafter; writes Domino's published layout to OUT."""
     from .domino import DominoTrainConfig, train_domino_pipeline
 
@@ -243,9 +281,10 @@ def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_l
     cfg = DominoTrainConfig(recipe=recipe, emb_dim=emb_dim, gru_hidden_dim=gru_dim, shift_label=shift_label,
                             pure_draft_prefix_len=prefix_len, batch=batch, seq_len=seq_len, anchors=anchors, lr=lr,
                             max_steps=steps, max_seconds=_budget(minutes), decay=decay, soft=soft, seed=seed,
-                            feature_cache=_folder(feature_cache))
-    train_domino_pipeline(_shipped(target, "target"), _shipped(dflash_path, "drafter"), list(data), out, cfg,
-                          heldout=list(heldout), resume=resume, log=_log)
+                            feature_cache=_folder(feature_cache), device=device, precision=precision)
+    with stop_signals():
+        train_domino_pipeline(_shipped(target, "target"), _shipped(dflash_path, "drafter"), list(data), out, cfg,
+                              heldout=list(heldout), resume=resume, log=_log)
 
 
 @train.command("vp-drafter")
@@ -262,7 +301,7 @@ def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_l
 @click.option("--heldout-prompts", default=16, show_default=True)
 @guarded
 def vp_drafter_cmd(target, init, data, out, steps, minutes, batch, seq_len, anchors, lr, beta, gamma, heldout,
-                   heldout_prompts, resume, feature_cache, seed):
+                   heldout_prompts, resume, feature_cache, seed, device, precision):
     """Train D2SD's variable-prefix drafter from a DFlash drafter; writes the DFlash layout (marked
     dflash_config.variable_prefix) to OUT."""
     from .vp_drafter import VPTrainConfig, vp_pipeline
@@ -271,5 +310,6 @@ def vp_drafter_cmd(target, init, data, out, steps, minutes, batch, seq_len, anch
         raise ValueError(f"--beta must be in (0, 1] and --gamma > 0, got {beta}, {gamma}")
     cfg = VPTrainConfig(batch=batch, seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
                         max_seconds=_budget(minutes), beta=beta, gamma=gamma, seed=seed,
-                        feature_cache=_folder(feature_cache))
-    vp_pipeline(target, init, list(data), out, cfg, list(heldout), heldout_prompts, resume, log=_log)
+                        feature_cache=_folder(feature_cache), device=device, precision=precision)
+    with stop_signals():
+        vp_pipeline(target, init, list(data), out, cfg, list(heldout), heldout_prompts, resume, log=_log)

@@ -79,19 +79,23 @@ def load_stream(name: str) -> torch.Tensor:
 
 @torch.no_grad()
 def regenerate(target, stream: torch.Tensor, n_seqs: int, prompt_len: int, gen_len: int,
-               temperatures: tuple[float, ...] = (0.0, 1.0), batch: int = 32, seed: int = 0, log=None):
-    """[n_seqs, prompt_len + gen_len]: corpus prompts continued by the target itself, so the drafter
-    learns the target's own distribution (as the published drafters were trained)."""
+               temperatures: tuple[float, ...] = (0.0, 1.0), batch: int = 32, seed: int = 0, log=None, rt=None):
+    """[n_seqs, prompt_len + gen_len] (on the CPU): corpus prompts continued by the target itself, so the
+    drafter learns the target's own distribution (as the published drafters were trained). Under torchrun
+    (rt) the ranks share the batches round robin and every rank gets them all back in order: the same rows
+    as one process makes (each batch's prompts, temperature and seed depend on its index alone)."""
     gen = torch.Generator().manual_seed(seed)
-    rows = []
-    for i in range(0, n_seqs, batch):
-        prompts = random_windows(stream, min(batch, n_seqs - i), prompt_len, gen)
-        temp = temperatures[(i // batch) % len(temperatures)]
+    jobs = [(i, random_windows(stream, min(batch, n_seqs - i), prompt_len, gen), temperatures[k % len(temperatures)])
+            for k, i in enumerate(range(0, n_seqs, batch))]   # every rank draws them all: the same prompts
+    rows = {}
+    for k in (rt.mine(len(jobs)) if rt else range(len(jobs))):
+        i, prompts, temp = jobs[k]
         torch.manual_seed(seed + i)
         sampling = {"do_sample": True, "temperature": temp, "top_k": 0, "top_p": 1.0} if temp > 0 \
             else {"do_sample": False}
-        out = target.generate(prompts, max_new_tokens=gen_len, min_new_tokens=gen_len, **sampling)
-        rows.append(out[:, :prompt_len + gen_len])
+        out = target.generate(prompts.to(target.device), max_new_tokens=gen_len, min_new_tokens=gen_len, **sampling)
+        rows[i] = out[:, :prompt_len + gen_len].cpu()
         if log:
-            log(f"regenerated {i + len(prompts)}/{n_seqs} sequences (T={temp})")
-    return torch.cat(rows)
+            log(f"regenerated {sum(len(r) for r in rows.values())}/{n_seqs} sequences (T={temp})")
+    merged = {i: r for part in (rt.gather(rows) if rt else [rows]) for i, r in part.items()}
+    return torch.cat([merged[i] for i in sorted(merged)])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .common import encode_corpus
+from .common import encode_corpus, runtime_from, runtime_options
 from .corpus import read_texts, stdlib_files
 
 STAGES = ("tokenizer", "target", "drafter", "export")
@@ -45,7 +45,7 @@ def stage_tokenizer(work: Path) -> None:
             log(f"{split}: {len(texts)} files, {sum(map(len, texts))} chars, {len(stream)} tokens")
 
 
-def stage_target(work: Path, minutes: float, resume: bool) -> None:
+def stage_target(work: Path, minutes: float, resume: bool, rt) -> None:
     from transformers import AutoTokenizer
 
     from .target import build_target, perplexity, train_target
@@ -57,7 +57,10 @@ def stage_target(work: Path, minutes: float, resume: bool) -> None:
     model = build_target(tok)
     log(f"target: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
     steps, secs = train_target(model, torch.load(work / "train.pt"), work / "target-train",
-                               max_seconds=minutes * 60, max_steps=100_000, resume=resume)
+                               max_seconds=minutes * 60, max_steps=100_000, resume=resume,
+                               device=rt.option_device, precision=rt.option_precision)
+    if not rt.main:
+        return
     ppl = perplexity(model, torch.load(work / "heldout.pt"))
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -66,7 +69,7 @@ def stage_target(work: Path, minutes: float, resume: bool) -> None:
     log(f"target done: {info}")
 
 
-def stage_drafter(work: Path, minutes: float, regen: int, resume: bool) -> None:
+def stage_drafter(work: Path, minutes: float, regen: int, resume: bool, rt) -> None:
     from ..loading import load_target
     from .data import regenerate
     from .dflash import DFlashTrainConfig, build_drafter, train_dflash
@@ -75,19 +78,24 @@ def stage_drafter(work: Path, minutes: float, regen: int, resume: bool) -> None:
     out = work / "dflash"
     if (out / "done.json").exists():
         return
-    target, tok = load_target(str(work / "target"), dtype="fp32", device="cpu")
+    target, tok = load_target(str(work / "target"), dtype=rt.target_dtype, device=str(rt.device))
     cached = work / "regenerated.pt"
     if not cached.exists():
         # greedy continuations only: the demo's T=0 acceptance is what they teach (T=1 data from a target
         # with held-out perplexity ~64 is mostly noise a 5M drafter cannot fit in 30 CPU minutes)
-        rows = regenerate(target, torch.load(work / "train.pt"), regen, 64, 192, temperatures=(0.0,), log=log)
-        torch.save(rows.flatten().to(torch.int32), cached)
+        rows = regenerate(target, torch.load(work / "train.pt"), regen, 64, 192, temperatures=(0.0,), log=log, rt=rt)
+        if rt.main:
+            torch.save(rows.flatten().to(torch.int32), cached)
+        rt.barrier()
     stream = torch.load(cached)
     cfg = DFlashTrainConfig(num_layers=3, block_size=16, target_layer_ids=DEMO_DRAFTER_LAYERS, batch=8,
-                            seq_len=256, anchors=16, lr=1.5e-3, max_steps=100_000, max_seconds=minutes * 60)
+                            seq_len=256, anchors=16, lr=1.5e-3, max_steps=100_000, max_seconds=minutes * 60,
+                            device=rt.option_device, precision=rt.option_precision)
     drafter = build_drafter(target, tok.mask_token_id, cfg)
     log(f"drafter: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters, {len(stream)} tokens")
     steps, secs = train_dflash(target, drafter, stream, out, cfg, resume=resume, log=log)
+    if not rt.main:
+        return
     result = estimate(target, out, torch.load(work / "heldout.pt"), log, n=16)
     info = {"steps": steps, "seconds": secs, "block_tokens": steps * cfg.batch * cfg.anchors * cfg.block_size,
             "regenerated_sequences": regen, "heldout_acceptance": result}
@@ -120,16 +128,18 @@ def main(argv=None) -> None:
     ap.add_argument("--regenerate", type=int, default=1024)
     ap.add_argument("--assets", type=Path, default=Path(__file__).resolve().parents[1] / "assets" / "demo")
     ap.add_argument("--resume", action="store_true")
+    runtime_options(ap)
     args = ap.parse_args(argv)
+    rt = runtime_from(args)
     torch.set_num_threads(2)
     args.work.mkdir(parents=True, exist_ok=True)
     stages = args.stage or STAGES
     if "tokenizer" in stages:
         stage_tokenizer(args.work)
     if "target" in stages:
-        stage_target(args.work, args.target_minutes, args.resume)
+        stage_target(args.work, args.target_minutes, args.resume, rt)
     if "drafter" in stages:
-        stage_drafter(args.work, args.drafter_minutes, args.regenerate, args.resume)
+        stage_drafter(args.work, args.drafter_minutes, args.regenerate, args.resume, rt)
     if "export" in stages:
         stage_export(args.work, args.assets)
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..models.checkpoint import save_dflash
 from ..models.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
-from .common import LoopConfig, Schedule, fit
+from .common import LoopConfig, Schedule, as_served, fit, run_on, sharded
 from .features import training_windows
 
 GAMMA_BY_BLOCK = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -67,14 +67,14 @@ def copy_target_layers(drafter: DFlashDrafter, target) -> None:
 
 
 def target_features(target, ids: torch.Tensor, layer_ids) -> torch.Tensor:
-    with torch.no_grad():  # the decoder alone: the target's logits over the whole vocabulary are not needed
+    with torch.no_grad(), as_served(target):  # the decoder alone: the logits over the vocabulary are not needed
         hs = target.get_decoder()(input_ids=ids, output_hidden_states=True).hidden_states
     return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
 
 
 def target_pass(target, ids: torch.Tensor, layer_ids):
     """One frozen target forward: the drafter's context features and the target's own next-token logits."""
-    with torch.no_grad():
+    with torch.no_grad(), as_served(target):
         out = target(input_ids=ids, output_hidden_states=True)
     return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1), out.logits
 
@@ -85,7 +85,7 @@ def soft_mix(loss: torch.Tensor, logits: torch.Tensor, target_logits: torch.Tens
     logits [b, n, D, V] predicts ids[anchor + 1 + k], as the target's row anchor + k does: a law calibrated
     to the target's own (what acceptance at T > 0 rewards), not to one sampled continuation."""
     b, n, depth, vocab = logits.shape
-    src = (anchors[..., None] + torch.arange(depth)).flatten(1).clamp(max=target_logits.shape[1] - 1)
+    src = (anchors[..., None] + torch.arange(depth, device=anchors.device)).flatten(1).clamp(max=target_logits.shape[1] - 1)
     p = target_logits.gather(1, src[..., None].expand(-1, -1, vocab)).float()
     kl = F.kl_div(torch.log_softmax(logits.flatten(1, 2), -1), torch.log_softmax(p, -1),
                   log_target=True, reduction="none").sum(-1).view(b, n, depth)
@@ -104,10 +104,10 @@ def sample_anchors(batch: int, seq_len: int, n: int, block: int, gen: torch.Gene
 
 def block_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torch.Tensor:
     """[b, 1, n*B, T + n*B] bool: a block query sees context before its anchor and its own block."""
-    b, n = anchors.shape
+    (b, n), dev = anchors.shape, anchors.device
     q_anchor = anchors.repeat_interleave(block, dim=1)                          # [b, nB]
-    ctx_ok = torch.arange(seq_len)[None, None] < q_anchor[..., None]            # [b, nB, T]
-    blk = torch.arange(n).repeat_interleave(block)
+    ctx_ok = torch.arange(seq_len, device=dev)[None, None] < q_anchor[..., None]  # [b, nB, T]
+    blk = torch.arange(n, device=dev).repeat_interleave(block)
     blk_ok = (blk[:, None] == blk[None, :]).expand(b, -1, -1)                  # [b, nB, nB]
     return torch.cat([ctx_ok, blk_ok], dim=-1)[:, None]
 
@@ -118,24 +118,24 @@ def block_pass(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch
     [b, n, B, H] and the true tokens x_a .. x_{a+B-1+extra_labels} [b, n, B+extra_labels].
     normed=False: states before the final norm; features: the target's context features of ids, if known;
     visible [b, n]: block positions < visible hold their real tokens (None: the anchor only, DFlash)."""
-    c, (b, seq_len) = drafter.config, ids.shape
+    c, (b, seq_len), dev = drafter.config, ids.shape, ids.device
     block, n = c.block_size, anchors.shape[1]
-    pos = (anchors[..., None] + torch.arange(block)).view(b, -1)                # [b, nB]
-    span = (anchors[..., None] + torch.arange(block + extra_labels)).view(b, -1)
+    pos = (anchors[..., None] + torch.arange(block, device=dev)).view(b, -1)    # [b, nB]
+    span = (anchors[..., None] + torch.arange(block + extra_labels, device=dev)).view(b, -1)
     tokens = ids.gather(1, span.clamp(max=seq_len - 1)).view(b, n, -1)
     shown = torch.ones_like(anchors) if visible is None else visible
-    inputs = torch.where(torch.arange(block) < shown[..., None], tokens[..., :block], c.mask_token_id)
+    inputs = torch.where(torch.arange(block, device=dev) < shown[..., None], tokens[..., :block], c.mask_token_id)
     embed = target.get_input_embeddings()
     if features is None:
         features = target_features(target, ids, c.target_layer_ids)
     hidden = drafter(embed(inputs.reshape(b, -1)), pos, drafter.project_context(features),
-                     torch.arange(seq_len)[None].expand(b, -1), mask=block_mask(anchors, seq_len, block), normed=normed)
+                     torch.arange(seq_len, device=dev)[None].expand(b, -1), mask=block_mask(anchors, seq_len, block), normed=normed)
     return hidden.view(b, n, block, -1), tokens
 
 
-def position_weights(n: int, gamma: float) -> torch.Tensor:
+def position_weights(n: int, gamma: float, device=None) -> torch.Tensor:
     """exp(-k/gamma) for the k-th draft: early positions, which every accepted prefix needs, count most."""
-    return torch.exp(-torch.arange(n).float() / gamma)
+    return torch.exp(-torch.arange(n, device=device).float() / gamma)
 
 
 def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -167,7 +167,7 @@ def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torc
     also returns top-1 accuracy per block position (within that subset)."""
     hidden, tokens = block_pass(drafter, target, ids, anchors, features=features)
     logits, labels = candidate_logits(target, hidden[:, :, 1:], tokens[..., 1:], candidates)  # [b, n, B-1, V']
-    loss = weighted_ce(logits, labels, position_weights(labels.shape[-1], gamma))
+    loss = weighted_ce(logits, labels, position_weights(labels.shape[-1], gamma, labels.device))
     acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
     return loss, acc
 
@@ -177,18 +177,19 @@ def block_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch
     """Every anchor's block holds real tokens at positions < visible [b, n] (1: the anchor only, DFlash)
     and MASK after; CE on positions k >= visible weighted exp(-(k - visible)/gamma), normalised per block.
     Also returns top-1 accuracy by offset after the visible prefix (offset 0 = the first masked position)."""
-    (b, n), block = anchors.shape, drafter.config.block_size
+    (b, n), block, dev = anchors.shape, drafter.config.block_size, ids.device
     hidden, tokens = block_pass(drafter, target, ids, anchors, visible=visible, features=features)
-    after = torch.arange(1, block) - visible[..., None]                        # [b, n, B-1]
+    after = torch.arange(1, block, device=dev) - visible[..., None]           # [b, n, B-1]
     scored = after >= 0                                                         # only these reach lm_head
     logits = target.get_output_embeddings()(hidden[:, :, 1:][scored]).float()  # [m, V]
     labels, after = tokens[..., 1:][scored], after[scored]
     weights = torch.exp(-after.float() / gamma)
     weighted = F.cross_entropy(logits, labels, reduction="none") * weights
-    owner = torch.arange(b * n).view(b, n, 1).expand(-1, -1, block - 1)[scored]  # the block of each position
-    per_block = torch.zeros(b * n).index_add(0, owner, weighted) / torch.zeros(b * n).index_add(0, owner, weights)
+    owner = torch.arange(b * n, device=dev).view(b, n, 1).expand(-1, -1, block - 1)[scored]  # each one's block
+    per_block = weights.new_zeros(b * n).index_add(0, owner, weighted) / weights.new_zeros(b * n).index_add(
+        0, owner, weights)
     hits = (logits.argmax(-1) == labels).float()
-    acc = torch.zeros(block - 1).index_add(0, after, hits) / torch.zeros(block - 1).index_add(
+    acc = hits.new_zeros(block - 1).index_add(0, after, hits) / hits.new_zeros(block - 1).index_add(
         0, after, torch.ones_like(hits)).clamp(min=1)
     return per_block.mean(), acc
 
@@ -200,6 +201,7 @@ def heldout_loss(drafter: DFlashDrafter, target, heldout, cfg: DFlashTrainConfig
     ids, features, allowed = heldout
     anchors = sample_anchors(len(ids), ids.shape[1], cfg.anchors, cfg.block_size, torch.Generator().manual_seed(0),
                              allowed)
+    ids, anchors, features = (None if t is None else t.to(target.device) for t in (ids, anchors, features))
 
     def evaluate() -> str:
         parts = [dflash_loss(drafter, target, ids[i:i + chunk], anchors[i:i + chunk], gamma,
@@ -237,30 +239,34 @@ def freeze(target) -> None:
 def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: Path, cfg: DFlashTrainConfig,
                  resume: bool = False, log=print):
     """Train on random windows of a token stream; checkpoints to out_dir/train_state.pt, exports to out_dir."""
+    rt = run_on(cfg)
+    rt.check_batch(cfg.batch)
     freeze(target)
+    drafter.to(rt.device)
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt = out_dir / "train_state.pt"
     gamma = cfg.gamma or GAMMA_BY_BLOCK.get(cfg.block_size, cfg.block_size / 2.3)
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
 
-    windows = training_windows(target, drafter.config, stream, cfg, log)
-    candidates = frequent_tokens(stream, cfg.candidates) if cfg.candidates else None
+    windows = training_windows(target, drafter.config, stream, cfg, log, rt)
+    candidates = frequent_tokens(stream, cfg.candidates).to(rt.device) if cfg.candidates else None
 
-    def step_loss(g):
-        ids, features, allowed = windows(g)
-        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, cfg.block_size, g, allowed)
-        loss, acc = dflash_loss(drafter, target, ids, anchors, gamma, features=features, candidates=candidates)
-        return loss, cfg.batch * cfg.anchors * cfg.block_size, \
-            f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
+    def draw(g):
+        batch = windows.draw(g)
+        batch["anchors"] = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, cfg.block_size, g, batch.pop("allowed"))
+        return batch
+
+    def loss(part):
+        value, acc = dflash_loss(drafter, target, part["ids"], part["anchors"], gamma, features=windows.features(part),
+                                 candidates=candidates)
+        return value, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=50)
     evaluate = None
-    if cfg.heldout_windows:
+    if cfg.heldout_windows and rt.main:
         evaluate = keeping_best(heldout_loss(drafter, target, windows.heldout(), cfg, gamma, candidates), drafter,
                                 out_dir)
-    step, elapsed = fit(drafter, opt, sched, gen, ckpt, step_loss, resume=resume, ckpt_every=cfg.ckpt_every,
-                        on_checkpoint=lambda: save_dflash(drafter, out_dir), evaluate=evaluate)
-    drafter.eval()
-    save_dflash(drafter, out_dir)
-    return step, elapsed
+    return fit(drafter, opt, sched, gen, ckpt, sharded(rt, draw, loss, cfg.batch * cfg.anchors * cfg.block_size),
+               resume=resume, ckpt_every=cfg.ckpt_every, on_checkpoint=lambda: save_dflash(drafter, out_dir),
+               evaluate=evaluate, rt=rt)

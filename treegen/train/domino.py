@@ -18,7 +18,7 @@ from torch import nn
 
 from ..models.dflash import DFlashDrafter
 from ..models.domino import DominoHead, HeadConfig, save_domino
-from .common import LoopConfig, Schedule, fit
+from .common import LoopConfig, Schedule, fit, run_on, sharded
 from .data import read_stream
 from .dflash import (
     GAMMA_BY_BLOCK,
@@ -73,9 +73,9 @@ def domino_loss(backbone, head: DominoHead, target, ids, anchors, gamma: float, 
     base = target.get_output_embeddings()(z).float()
     prefix = target.get_input_embeddings()(tokens[..., :drafts])                     # anchor, y1 .. y_{D-1}
     corr = head.teacher_forced(z.flatten(0, 1), prefix.flatten(0, 1)).view(base.shape).float()
-    keep = (torch.arange(drafts) >= hc.pure_draft_prefix_len).float()[:, None]      # the pure prefix: base only
+    keep = (torch.arange(drafts, device=ids.device) >= hc.pure_draft_prefix_len).float()[:, None]      # the pure prefix: base only
     corrected = base + corr * keep
-    weights = position_weights(drafts, gamma)
+    weights = position_weights(drafts, gamma, ids.device)
     loss = weighted_ce(corrected, labels, weights)
     if soft:   # label k is ids[anchor + 1 + k], predicted by the target's row anchor + k
         loss = soft_mix(loss, corrected, target_logits, anchors, weights, soft)
@@ -98,7 +98,10 @@ def train_domino(target, backbone: DFlashDrafter, head: DominoHead, stream: torc
     """Train on random windows; checkpoints to out_dir/train_state.pt, exports the published layout to out_dir."""
     if cfg.recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {cfg.recipe!r}")
+    rt = run_on(cfg)
+    rt.check_batch(cfg.batch)
     freeze(target)
+    backbone.to(rt.device), head.to(rt.device)
     joint = cfg.recipe == "joint"
     if not joint:
         freeze(backbone)
@@ -111,23 +114,24 @@ def train_domino(target, backbone: DFlashDrafter, head: DominoHead, stream: torc
     gen = torch.Generator().manual_seed(cfg.seed)
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=cfg.warmup)
     clock = Clock(ckpt if resume else None)
-    windows = training_windows(target, backbone.config, stream, cfg)
+    windows = training_windows(target, backbone.config, stream, cfg, rt=rt)
 
-    def step_loss(g):
+    def draw(g):
+        batch = windows.draw(g)
+        batch["anchors"] = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block + int(hc.shift_label), g,
+                                          batch.pop("allowed"))
+        return batch
+
+    def loss(part):
         lam = max(0.0, 1 - sched.progress(*clock.tick()) / cfg.decay) if joint else 0.0
-        ids, features, allowed = windows(g)
-        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block + int(hc.shift_label), g, allowed)
-        loss, acc = domino_loss(backbone, head, target, ids, anchors, gamma, lam, joint, features, cfg.soft)
-        return loss, cfg.batch * cfg.anchors * block, \
-            f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f} lambda {lam:.2f}"
+        value, acc = domino_loss(backbone, head, target, part["ids"], part["anchors"], gamma, lam, joint,
+                                 windows.features(part), cfg.soft)
+        return value, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f} lambda {lam:.2f}"
 
-    def export():
-        save_domino(backbone, head, out_dir)
-
-    step, elapsed = fit(model, opt, sched, gen, ckpt, step_loss, resume=resume, ckpt_every=cfg.ckpt_every,
-                        on_checkpoint=export)
-    backbone.eval(), head.eval()
-    export()
+    step, elapsed = fit(model, opt, sched, gen, ckpt, sharded(rt, draw, loss, cfg.batch * cfg.anchors * block),
+                        resume=resume, ckpt_every=cfg.ckpt_every, on_checkpoint=lambda: save_domino(backbone, head, out_dir),
+                        rt=rt)
+    backbone.eval()
     return step, elapsed
 
 
@@ -135,7 +139,8 @@ class Clock:
     """Steps and seconds as fit() counts them (resumed from its checkpoint), for the lambda schedule."""
 
     def __init__(self, ckpt: Path | None):
-        state = torch.load(ckpt, weights_only=False) if ckpt and ckpt.exists() else {}
+        state = torch.load(ckpt, weights_only=False, map_location=lambda storage, _: storage) \
+            if ckpt and ckpt.exists() else {}
         self.step, self.elapsed = state.get("step", 0), state.get("elapsed", 0.0)
         self.t0 = time.perf_counter()
 
@@ -177,7 +182,9 @@ def train_domino_pipeline(target_name: str, dflash_path: str, data: list[str], o
     from ..loading import load_target
     from ..models.checkpoint import check_fits, load_dflash
 
-    target, tok = load_target(target_name, dtype="fp32", device="cpu")
+    rt = run_on(cfg)
+    log = rt.log(log)
+    target, tok = load_target(target_name, dtype=rt.target_dtype, device=str(rt.device))
     backbone = load_dflash(dflash_path)
     check_fits(backbone.config, target)
     if cfg.pure_draft_prefix_len >= cfg.head().drafts(backbone.config.block_size):
@@ -188,4 +195,5 @@ def train_domino_pipeline(target_name: str, dflash_path: str, data: list[str], o
         f"E={cfg.emb_dim} G={cfg.gru_hidden_dim} shift_label={cfg.shift_label}; {len(stream)} training tokens")
     steps, secs = train_domino(target, backbone, head, stream, out, cfg, resume=resume)
     log(f"trained {steps} steps in {secs / 60:.1f} min; checkpoint in {out}")
-    return compare(target, dflash_path, str(out), read_stream(list(heldout), tok), log=log) if heldout else {}
+    return compare(target, dflash_path, str(out), read_stream(list(heldout), tok), log=log) \
+        if heldout and rt.main else {}

@@ -21,7 +21,7 @@ META, DATA, ANCHORS = "meta.json", "features.f16", "anchors.u8"
 
 
 def stream_digest(stream: torch.Tensor) -> str:
-    return hashlib.sha1(stream.to(torch.int32).numpy().tobytes()).hexdigest()[:16]
+    return hashlib.sha1(stream.to(torch.int32).cpu().numpy().tobytes()).hexdigest()[:16]
 
 
 class FeatureStore:
@@ -95,9 +95,9 @@ def fill(store: FeatureStore, target, ids: torch.Tensor, seq_len: int, batch: in
     start, t0 = store.done // seq_len, time.perf_counter()
     for i in range(start, windows, batch):
         j = min(i + batch, windows)
-        chunk = ids[i * seq_len:j * seq_len].view(j - i, seq_len).long()
+        chunk = ids[i * seq_len:j * seq_len].view(j - i, seq_len).long().to(target.device)
         feats = target_features(target, chunk, store.layer_ids).to(torch.float16)
-        store.data[i * seq_len:j * seq_len] = feats.reshape(-1, feats.shape[-1]).numpy()
+        store.data[i * seq_len:j * seq_len] = feats.reshape(-1, feats.shape[-1]).cpu().numpy()
         store.finish(j * seq_len)
         if (j // batch) % 10 == 0 or j == windows:
             rate = (j - start) * seq_len / max(time.perf_counter() - t0, 1e-9)
@@ -126,31 +126,50 @@ class FeatureWindows:
 
     def __call__(self, batch: int, gen: torch.Generator):
         """ids [b, T], their features [b, T, k*H] (fp32), and where anchors go first [b, T] (or None)."""
-        return self.read((torch.randint(0, self.windows, (batch,), generator=gen) * self.seq_len).tolist())
+        return self.read(self.starts(batch, gen).tolist())
+
+    def starts(self, batch: int, gen: torch.Generator) -> torch.Tensor:
+        return torch.randint(0, self.windows, (batch,), generator=gen) * self.seq_len
 
     def heldout(self):
         """The held-out windows (the stream's last `reserve`), never sampled by __call__."""
         return self.read([(self.windows + i) * self.seq_len for i in range(self.reserve)])
 
     def read(self, starts: list[int]):
-        ids = torch.stack([self.stream[s:s + self.seq_len] for s in starts]).long()
-        feats = np.stack([self.store.data[s:s + self.seq_len][:, self.cols] for s in starts])
-        allowed = None if self.allowed is None else \
-            torch.from_numpy(np.stack([self.allowed[s:s + self.seq_len] for s in starts]))
-        return ids, torch.from_numpy(feats).float(), allowed
+        return self.ids(starts), self.features(starts), self.anchors(starts)
+
+    def ids(self, starts: list[int]) -> torch.Tensor:
+        return torch.stack([self.stream[s:s + self.seq_len] for s in starts]).long()
+
+    def features(self, starts: list[int]) -> torch.Tensor:
+        return torch.from_numpy(np.stack([self.store.data[s:s + self.seq_len][:, self.cols] for s in starts])).float()
+
+    def anchors(self, starts: list[int]) -> torch.Tensor | None:
+        if self.allowed is None:
+            return None
+        return torch.from_numpy(np.stack([self.allowed[s:s + self.seq_len] for s in starts]))
 
 
-def training_windows(target, drafter_config, stream: torch.Tensor, cfg, log=print):
+def training_windows(target, drafter_config, stream: torch.Tensor, cfg, log=print, rt=None):
     """gen -> (ids [b, T], features [b, T, k*H] or None, anchor preference [b, T] or None) for every trainer:
     random windows of the stream, with the target's features at the drafter's layers from cfg.feature_cache
     when it names a folder (None: the loss runs the target on every batch). The stream's last
-    cfg.heldout_windows windows are never trained on; `.heldout()` gives them in the same form."""
+    cfg.heldout_windows windows are never trained on; `.heldout()` gives them in the same form.
+    Split for data parallelism: draw(gen) -> the global batch's {"ids", "starts", "allowed"}, and
+    features(part) -> the features of a rank's share of it only (None without a cache).
+    Under torchrun (rt) the main rank fills a missing store while the others wait, then all read it."""
     reserve = cfg.heldout_windows
     if cfg.feature_cache is None:
         return StreamWindows(stream, cfg.batch, cfg.seq_len, reserve)
-    windows = FeatureWindows(Path(cfg.feature_cache), target, stream, cfg.seq_len, drafter_config.target_layer_ids,
-                             drafter_config.hidden_size, log, reserve=reserve)
-    return FeatureSampler(windows, cfg.batch)
+
+    def open_store():
+        return FeatureWindows(Path(cfg.feature_cache), target, stream, cfg.seq_len, drafter_config.target_layer_ids,
+                              drafter_config.hidden_size, log, reserve=reserve)
+    if rt is None or rt.world == 1:
+        return FeatureSampler(open_store(), cfg.batch)
+    windows = open_store() if rt.main else None
+    rt.barrier()
+    return FeatureSampler(windows or open_store(), cfg.batch)
 
 
 class StreamWindows:
@@ -166,6 +185,12 @@ class StreamWindows:
     def __call__(self, gen: torch.Generator):
         return self.sample(gen), None, None
 
+    def draw(self, gen: torch.Generator) -> dict:
+        return {"ids": self.sample(gen), "allowed": None}
+
+    def features(self, part: dict) -> None:
+        return None
+
     def heldout(self):
         return self.kept, None, None
 
@@ -178,6 +203,16 @@ class FeatureSampler:
 
     def __call__(self, gen: torch.Generator):
         return self.windows(self.batch, gen)
+
+    def draw(self, gen: torch.Generator) -> dict:
+        """The global batch: window starts, ids and anchor preference (features are read per rank)."""
+        starts = self.windows.starts(self.batch, gen)
+        listed = starts.tolist()
+        return {"starts": starts, "ids": self.windows.ids(listed), "allowed": self.windows.anchors(listed)}
+
+    def features(self, part: dict) -> torch.Tensor:
+        """The features of a rank's share (part["starts"]), on the device of its ids."""
+        return self.windows.features(part["starts"].tolist()).to(part["ids"].device)
 
     def heldout(self):
         return self.windows.heldout()

@@ -8,12 +8,13 @@ import torch
 from ..drafters.dflash import DFlashBlock, DFlashChainDrafter
 from ..loading import load_target
 from ..models.checkpoint import check_fits, load_dflash
+from .common import run_on
 from .data import read_stream, regenerate
 from .dflash import DFlashTrainConfig, build_drafter, train_dflash
 from .evaluate import acceptance, heldout_prompts
 
 
-def training_stream(target, tok, data: list[str], out: Path, regen: int, seq_len: int, log) -> torch.Tensor:
+def training_stream(target, tok, data: list[str], out: Path, regen: int, seq_len: int, log, rt=None) -> torch.Tensor:
     stream = read_stream(data, tok)
     if not regen:
         return stream
@@ -21,9 +22,10 @@ def training_stream(target, tok, data: list[str], out: Path, regen: int, seq_len
     if cached.exists():  # regeneration is the slow part; --resume must not redo it
         return torch.load(cached)
     out.mkdir(parents=True, exist_ok=True)
-    rows = regenerate(target, stream, regen, prompt_len=seq_len // 4, gen_len=seq_len - seq_len // 4, log=log)
+    rows = regenerate(target, stream, regen, prompt_len=seq_len // 4, gen_len=seq_len - seq_len // 4, log=log, rt=rt)
     flat = rows.flatten().to(torch.int32)
-    torch.save(flat, cached)
+    if rt is None or rt.main:
+        torch.save(flat, cached)
     return flat
 
 
@@ -55,13 +57,15 @@ def start_drafter(target, tok, cfg: DFlashTrainConfig, mask_token_id: int | None
 def train_dflash_pipeline(target_name: str, data: list[str], out: Path, cfg: DFlashTrainConfig, *,
                           mask_token_id: int | None = None, regen: int = 0, heldout: list[str] = (),
                           resume: bool = False, init: str | None = None, log=print) -> dict:
-    target, tok = load_target(target_name, dtype="fp32", device="cpu")
-    stream = training_stream(target, tok, data, out, regen, cfg.seq_len, log)
+    rt = run_on(cfg)
+    log = rt.log(log)
+    target, tok = load_target(target_name, dtype=rt.target_dtype, device=str(rt.device))
+    stream = training_stream(target, tok, data, out, regen, cfg.seq_len, log, rt)
     drafter = start_drafter(target, tok, cfg, mask_token_id, init)
     log(f"drafter: {sum(p.numel() for p in drafter.parameters()) / 1e6:.2f}M parameters, "
         f"target layers {list(drafter.config.target_layer_ids)}; {len(stream)} training tokens")
     heldout_stream = read_stream(heldout, tok) if heldout else None
-    if heldout:
+    if heldout and rt.main:
         untrained_dir = out / "untrained"
         from ..models.checkpoint import save_dflash
         save_dflash(drafter, untrained_dir)
@@ -69,4 +73,4 @@ def train_dflash_pipeline(target_name: str, data: list[str], out: Path, cfg: DFl
         estimate(target, untrained_dir, heldout_stream, log)
     steps, secs = train_dflash(target, drafter, stream, out, cfg, resume=resume, log=log)
     log(f"trained {steps} steps in {secs / 60:.1f} min; checkpoint in {out}")
-    return estimate(target, out, heldout_stream, log) if heldout else {}
+    return estimate(target, out, heldout_stream, log) if heldout and rt.main else {}

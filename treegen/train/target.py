@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .common import Schedule, fit, random_windows
+from .common import Schedule, fit, random_windows, runtime, sharded
 
 
 @dataclass(frozen=True)
@@ -44,22 +44,29 @@ def perplexity(model, stream: torch.Tensor, seq_len: int = 256, max_windows: int
     """Held-out perplexity over consecutive non-overlapping windows."""
     model.eval()
     n = min(max_windows, (len(stream) - 1) // seq_len)
-    losses = [lm_loss(model, stream[i * seq_len:(i + 1) * seq_len + 1].long()[None]).item() for i in range(n)]
+    losses = [lm_loss(model, stream[i * seq_len:(i + 1) * seq_len + 1].long()[None].to(model.device)).item()
+              for i in range(n)]
     model.train()
     return math.exp(sum(losses) / max(len(losses), 1))
 
 
 def train_target(model, train: torch.Tensor, out_dir: Path, *, batch: int = 16, seq_len: int = 256,
                  lr: float = 2e-3, max_steps: int = 3000, max_seconds: float = math.inf,
-                 resume: bool = False, bf16: bool = False, seed: int = 0, ckpt_every: int = 100):
+                 resume: bool = False, seed: int = 0, ckpt_every: int = 100, device: str = "auto",
+                 precision: str = "auto"):
+    rt = runtime(device, precision)
+    rt.check_batch(batch)
+    model.to(rt.device)
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt = out_dir / "train_state.pt"
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(seed)
 
-    def step_loss(g):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            return lm_loss(model, random_windows(train, batch, seq_len + 1, g)), batch * seq_len, ""
+    def draw(g):
+        return {"ids": random_windows(train, batch, seq_len + 1, g)}
 
-    return fit(model, opt, Schedule(lr, max_steps, max_seconds), gen, ckpt, step_loss, resume=resume,
-               ckpt_every=ckpt_every)
+    def loss(part):
+        return lm_loss(model, part["ids"]), ""
+
+    return fit(model, opt, Schedule(lr, max_steps, max_seconds), gen, ckpt, sharded(rt, draw, loss, batch * seq_len),
+               resume=resume, ckpt_every=ckpt_every, rt=rt)

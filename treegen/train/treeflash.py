@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..models.treeflash import TreeFlashModel, save_treeflash
-from .common import LoopConfig, Schedule, fit
+from .common import LoopConfig, Schedule, fit, run_on, sharded
 from .dflash import (
     GAMMA_BY_BLOCK,
     block_pass,
@@ -45,7 +45,7 @@ def treeflash_loss(model: TreeFlashModel, target, ids: torch.Tensor, anchors: to
         hidden, tokens = block_pass(backbone, target, ids, anchors, normed=False, features=features)
     prev = target.get_input_embeddings()(tokens[..., :-1])
     logits = target.get_output_embeddings()(model.corrected(hidden[:, :, 1:], prev)).float()
-    weights = position_weights(tokens.shape[-1] - 1, gamma)
+    weights = position_weights(tokens.shape[-1] - 1, gamma, ids.device)
     loss = weighted_ce(logits, tokens[..., 1:], weights)
     acc = (logits.argmax(-1) == tokens[..., 1:]).float().flatten(0, -2).mean(dim=0)
     if soft:   # the row of x_{a+k-1} predicts x_{a+k}
@@ -56,7 +56,10 @@ def treeflash_loss(model: TreeFlashModel, target, ids: torch.Tensor, anchors: to
 def train_treeflash(target, model: TreeFlashModel, stream: torch.Tensor, out_dir: Path, cfg: TreeFlashTrainConfig,
                     resume: bool = False, save_dtype: torch.dtype | None = None):
     """Train the head on random windows; checkpoints to out_dir/train_state.pt, exports the published layout."""
+    rt = run_on(cfg)
+    rt.check_batch(cfg.batch)
     freeze(target)
+    model.to(rt.device)
     for p in model.model.parameters():
         p.requires_grad_(False)
     model.model.eval()
@@ -67,17 +70,19 @@ def train_treeflash(target, model: TreeFlashModel, stream: torch.Tensor, out_dir
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
 
-    windows = training_windows(target, model.model.config, stream, cfg)
+    windows = training_windows(target, model.model.config, stream, cfg, rt=rt)
 
-    def step_loss(g):
-        ids, features, allowed = windows(g)
-        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block, g, allowed)
-        loss, acc = treeflash_loss(model, target, ids, anchors, gamma, cfg.soft, features)
-        return loss, cfg.batch * cfg.anchors * block, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
+    def draw(g):
+        batch = windows.draw(g)
+        batch["anchors"] = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block, g, batch.pop("allowed"))
+        return batch
+
+    def loss(part):
+        value, acc = treeflash_loss(model, target, part["ids"], part["anchors"], gamma, cfg.soft,
+                                    windows.features(part))
+        return value, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=25)
-    step, elapsed = fit(head, opt, sched, gen, out_dir / "train_state.pt", step_loss, resume=resume,
-                        ckpt_every=cfg.ckpt_every, on_checkpoint=lambda: save_treeflash(model, out_dir, save_dtype))
-    head.eval()
-    save_treeflash(model, out_dir, save_dtype)
-    return step, elapsed
+    return fit(head, opt, sched, gen, out_dir / "train_state.pt", sharded(rt, draw, loss, cfg.batch * cfg.anchors * block),
+               resume=resume, ckpt_every=cfg.ckpt_every, on_checkpoint=lambda: save_treeflash(model, out_dir, save_dtype),
+               rt=rt)

@@ -14,6 +14,7 @@ from ..drafters.treeflash import TreeFlashDrafter
 from ..loading import load_target
 from ..models.checkpoint import load_dflash, read_config, resolve_checkpoint
 from ..models.treeflash import TreeFlashModel, fits, from_dflash, load_treeflash
+from .common import run_on
 from .data import read_stream
 from .evaluate import acceptance, heldout_prompts
 from .treeflash import TreeFlashTrainConfig, train_treeflash
@@ -46,7 +47,9 @@ def compare(target, model: TreeFlashModel, prompts, budgets, supports, new_token
 def train_treeflash_pipeline(target_name: str, drafter: str, data: list[str], out: Path, cfg: TreeFlashTrainConfig,
                              *, heldout: list[str] = (), prompts: int = 8, budgets=(16, 32, 64), supports=(64, 0),
                              save_dtype: torch.dtype | None = None, resume: bool = False, log=print) -> dict:
-    target, tok = load_target(target_name, dtype="fp32", device="cpu")
+    rt = run_on(cfg)
+    log = rt.log(log)
+    target, tok = load_target(target_name, dtype=rt.target_dtype, device=str(rt.device))
     model = start_model(drafter, out, resume)
     fits(model, target)
     stream = read_stream(list(data), tok)
@@ -55,7 +58,7 @@ def train_treeflash_pipeline(target_name: str, drafter: str, data: list[str], ou
         f"backbone; {len(stream)} training tokens")
     steps, secs = train_treeflash(target, model, stream, out, cfg, resume=resume, save_dtype=save_dtype)
     log(f"trained {steps} steps in {secs / 60:.1f} min; checkpoint in {out}")
-    if not heldout:
+    if not heldout or not rt.main:
         return {}
     result = compare(target, model.eval(), heldout_prompts(read_stream(list(heldout), tok), prompts, 64),
                      budgets, supports)

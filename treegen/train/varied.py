@@ -20,6 +20,8 @@ import site
 import sys
 from pathlib import Path
 
+from .common import runtime_from, runtime_options
+
 KINDS = ("code", "prose", "chat")
 SHARE = {"code": 0.5, "prose": 0.25, "chat": 0.25}   # of the regenerated rows
 MAX_CHARS_PER_PACKAGE = 1_500_000                      # so that torch and transformers do not drown the rest
@@ -126,15 +128,16 @@ def write(texts: dict[str, list[str]], out: Path) -> None:
             f.writelines(json.dumps({"text": text}) + "\n" for text in items)
 
 
-def regenerate_all(out: Path, rows: int, batch: int, log) -> None:
-    """One int32 stream of [rows, 256] windows: each kind's share, continued by the demo target."""
+def regenerate_all(out: Path, rows: int, batch: int, log, rt) -> None:
+    """One int32 stream of [rows, 256] windows: each kind's share, continued by the demo target (its batches
+    shared among torchrun's ranks; the main rank writes)."""
     import torch
 
     from ..assets import DEMO_TARGET
     from ..loading import load_target
     from .data import read_stream, regenerate
 
-    target, tok = load_target(str(DEMO_TARGET), dtype="fp32", device="cpu")
+    target, tok = load_target(str(DEMO_TARGET), dtype=rt.target_dtype, device=str(rt.device))
     parts = []
     for i, kind in enumerate(KINDS):
         part = out / f"regen-{kind}.pt"
@@ -142,10 +145,14 @@ def regenerate_all(out: Path, rows: int, batch: int, log) -> None:
             stream = read_stream([str(out / f"{kind}.jsonl")], tok)
             n = int(rows * SHARE[kind]) // batch * batch
             got = regenerate(target, stream, n, PROMPT_LEN, GEN_LEN, temperatures=(0.0, 1.0), batch=batch,
-                             seed=100 + i, log=lambda m, k=kind: log(f"{k}: {m}"))
-            torch.save(got.flatten().to(torch.int32), part)
-        parts.append(torch.load(part))
-    torch.save(torch.cat(parts), out / "regen.pt")
+                             seed=100 + i, log=lambda m, k=kind: log(f"{k}: {m}"), rt=rt).flatten().to(torch.int32)
+            if rt.main:
+                torch.save(got, part)
+            parts.append(got)
+        else:
+            parts.append(torch.load(part))
+    if rt.main:
+        torch.save(torch.cat(parts), out / "regen.pt")
     log(f"wrote {out / 'regen.pt'}: {sum(len(p) for p in parts)} tokens")
 
 
@@ -154,18 +161,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--regenerate", type=int, default=0, help="rows of target continuations to write")
     parser.add_argument("--batch", type=int, default=64)
+    runtime_options(parser)
     args = parser.parse_args(argv)
+    rt = runtime_from(args)
 
+    @rt.log
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
-    if not all((args.out / f"{k}.jsonl").exists() for k in KINDS):
+    if rt.main and not all((args.out / f"{k}.jsonl").exists() for k in KINDS):
         texts = build()
         write(texts, args.out)
         for kind, items in texts.items():
             log(f"{kind}: {len(items)} texts, {sum(map(len, items))} characters")
+    rt.barrier()   # the texts are written before any rank reads them
     if args.regenerate:
-        regenerate_all(args.out, args.regenerate, args.batch, log)
+        regenerate_all(args.out, args.regenerate, args.batch, log, rt)
     return 0
 
 

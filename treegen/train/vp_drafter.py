@@ -14,7 +14,7 @@ import torch
 from ..assets import shipped
 from ..models.dflash import DFlashDrafter
 from ..models.vp_drafter import mark_variable_prefix, save_vp_drafter
-from .common import LoopConfig, Schedule, fit
+from .common import LoopConfig, Schedule, fit, run_on, sharded
 from .data import read_stream
 from .dflash import block_loss, freeze, sample_anchors
 from .features import training_windows
@@ -46,27 +46,31 @@ def train_vp_drafter(target, drafter: DFlashDrafter, stream: torch.Tensor, out_d
     """Fine-tune `drafter` into a VP-drafter; checkpoints to out_dir/train_state.pt, exports to out_dir."""
     if drafter.config.block_size < 4:
         raise ValueError(f"a VP-drafter needs a block of at least 4 positions, got {drafter.config.block_size}")
+    rt = run_on(cfg)
+    rt.check_batch(cfg.batch)
     freeze(target)
     mark_variable_prefix(drafter)
+    drafter.to(rt.device)
     out_dir.mkdir(parents=True, exist_ok=True)
     block = drafter.config.block_size
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
-    windows = training_windows(target, drafter.config, stream, cfg)
+    windows = training_windows(target, drafter.config, stream, cfg, rt=rt)
 
-    def step_loss(g):
-        ids, features, allowed = windows(g)
-        anchors = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block, g, allowed)
-        visible = sample_visible(cfg.batch, anchors.shape[1], block, cfg.beta, g)
-        loss, acc = block_loss(drafter, target, ids, anchors, visible, cfg.gamma, features=features)
-        return loss, cfg.batch * cfg.anchors * block, f"acc@+0 {acc[0]:.2f} acc@+3 {acc[3]:.2f}"
+    def draw(g):
+        batch = windows.draw(g)
+        batch["anchors"] = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, block, g, batch.pop("allowed"))
+        batch["visible"] = sample_visible(cfg.batch, batch["anchors"].shape[1], block, cfg.beta, g)
+        return batch
+
+    def loss(part):
+        value, acc = block_loss(drafter, target, part["ids"], part["anchors"], part["visible"], cfg.gamma,
+                                features=windows.features(part))
+        return value, f"acc@+0 {acc[0]:.2f} acc@+3 {acc[3]:.2f}"
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=cfg.warmup)
-    step, elapsed = fit(drafter, opt, sched, gen, out_dir / "train_state.pt", step_loss, resume=resume,
-                        ckpt_every=cfg.ckpt_every, on_checkpoint=lambda: save_vp_drafter(drafter, out_dir))
-    drafter.eval()
-    save_vp_drafter(drafter, out_dir)
-    return step, elapsed
+    return fit(drafter, opt, sched, gen, out_dir / "train_state.pt", sharded(rt, draw, loss, cfg.batch * cfg.anchors * block),
+               resume=resume, ckpt_every=cfg.ckpt_every, on_checkpoint=lambda: save_vp_drafter(drafter, out_dir), rt=rt)
 
 
 def heldout_acceptance(target, first: str, vp_drafters: dict[str, str], stream: torch.Tensor, n: int,
@@ -92,7 +96,9 @@ def vp_pipeline(target_name: str, init: str, data: list[str], out: Path, cfg: VP
     from ..loading import load_target
     from ..models.checkpoint import check_fits, load_dflash
 
-    target, tok = load_target(shipped(target_name, "target"), dtype="fp32", device="cpu")
+    rt = run_on(cfg)
+    log = rt.log(log)
+    target, tok = load_target(shipped(target_name, "target"), dtype=rt.target_dtype, device=str(rt.device))
     init = shipped(init, "drafter")
     drafter = load_dflash(init)
     check_fits(drafter.config, target)
@@ -101,7 +107,7 @@ def vp_pipeline(target_name: str, init: str, data: list[str], out: Path, cfg: VP
         f"block {drafter.config.block_size}, {len(stream)} training tokens")
     steps, secs = train_vp_drafter(target, drafter, stream, out, cfg, resume=resume)
     log(f"trained {steps} steps in {secs / 60:.1f} min; VP-drafter in {out}")
-    if not heldout:
+    if not heldout or not rt.main:
         return {}
     result = heldout_acceptance(target, init, {"untrained": init, "trained": str(out)},
                                 read_stream(heldout, tok), n_prompts, log=log)
