@@ -6,7 +6,7 @@
 A document marks what is generated; the text between the markers is replaced, the rest is left as written:
 
     <!-- begin NAME [ARG] -->...<!-- end NAME -->      a block: current-tables, ablation-index,
-                                                     speed-summary, acceptance PAIR/SET/T
+                                                     speed-summary, acceptance PAIR/SET/T, import-graph
     <!-- v SOURCE LABEL FIELD [SPEC] -->2.38<!-- /v -->  one value: SOURCE a JSON file name or PAIR/SET/T
                                                      (the current table's row), FIELD a dotted path of the
                                                      row (speedup_vs_ar.median) or vs:OTHER (tokens/s ratio
@@ -150,8 +150,14 @@ def speed_summary(data: Data, arg: str | None) -> str:
     return md_table(head, body) + "\n"
 
 
+def import_graph(data: Data, _arg: str | None) -> str:
+    from .imports import markdown, module_graph
+
+    return "```\n" + markdown(module_graph(data.root / "treegen")) + "```\n"
+
+
 BLOCKS = {"current-tables": current_tables, "ablation-index": ablation_index, "acceptance": acceptance,
-          "speed-summary": speed_summary}
+          "speed-summary": speed_summary, "import-graph": import_graph}
 
 
 # ---- documents -------------------------------------------------------------------------------------------
