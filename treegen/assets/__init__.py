@@ -107,9 +107,8 @@ def best_method(drafter: str | None) -> str:
 
 
 # Each pair's presets, fastest first as measured on a 2-core CPU (docs/benchmarks.md): the default method is the
-# first whose checkpoints are installed; the last needs none. On SmolLM2 plain decoding stays the default there
-# (its retrained drafters accept 1.4-1.7 tokens a round on unseen chat and a 5-10 row verify costs 1.5-1.8x a
-# one-row step on that CPU; smollm2-treeflash-lookup reaches 1.06x / 0.99x ar at T=0 but 0.85x at T=0.7).
+# first whose checkpoints are installed; the last needs none. On SmolLM2 plain decoding stays the default: no
+# drafting preset beats smollm2-ar on every chat set and temperature measured there (docs/benchmarks.md).
 PAIR_PRESETS = {"demo": ("treeflash-lookup", "treeflash-auto", "ddtree", "pld"), SMOLLM2: ("smollm2-ar",)}
 PAIR_ENV = "TREEGEN_PAIR"   # demo or smollm2: the pair chat and complete use when no --target/--preset is given
 

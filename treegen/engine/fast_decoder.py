@@ -3,9 +3,9 @@ on the same shapes (bit for bit the same hidden states and cache, tested), witho
 output recording and mask preparation around them; one departure, also bit for bit the same: several query
 rows attend through SDPA's grouped-query path instead of a repeated copy of the keys and values.
 
-Why: a one-row step of the demo target is ~8.3 ms through transformers, of which the matrix multiplies
-(the weights streamed from memory) are ~4.3 ms; the rest is per-op Python around ~40 small ops a layer.
-This path cuts a one-row step to ~6.4 ms. It serves the verify forwards, which always come with the
+Why: on a small target much of a one-row step through transformers is per-op Python around ~40 small ops a
+layer, not the matrix multiplies; this path drops it (docs/benchmarks.md: ar against hf-generate). It
+serves the verify forwards, which always come with the
 engine's explicit 4D additive mask; the prefill (causal, no mask) stays with transformers.
 """
 from __future__ import annotations
