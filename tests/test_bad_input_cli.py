@@ -40,6 +40,8 @@ def files(tmp: Path) -> None:
     (tmp / "top_p.yaml").write_text("method: ar\nsampling: {top_p: 5}\n")
     (tmp / "huge.yaml").write_text("method: ar\ndescription: " + "x" * 100_000 + "\nsampling: {seed: " + "9" * 5000 + "}\n")
     (tmp / "typo.yaml").write_text("method: ar\nsampling: {temprature: 1}\n")
+    (tmp / "drafter-typo.yaml").write_text("method: treeflash\ndrafter: demo/treeflsh\n")
+    (tmp / "huge-budget.yaml").write_text("method: ddtree\ndrafter: demo\nmethod_options: {budget: 100000000}\n")
 
 
 # (arguments, a phrase of the one error line); every one exits 2 before anything loads
@@ -87,6 +89,32 @@ USAGE = {
     "threads zero": ("--threads 0", "--threads"),
     "device map": ("--device-map foo", "--device-map"),
     "inline and file prompt": ("-p hi {tmp}/p.txt", "not both"),
+    # size-like options are bounded: a huge one is refused before it can take the machine's memory
+    "treeflash budget huge": ("--method treeflash --method-option budget=100000000", "'budget' must be <= 2048"),
+    "ddtree budget huge": ("--method ddtree --method-option budget=99999", "'budget' must be <= 2048"),
+    "ddtree top_k huge": ("--method ddtree --method-option top_k=10000000", "'top_k' must be <= 2048"),
+    "treeflash top_m huge": ("--method treeflash --method-option top_m=100000", "'top_m' must be <= 256"),
+    "dartree width huge": ("--method dartree --method-option width=100000", "'width' must be <= 1024"),
+    "d2sd k huge": ("--method d2sd --method-option k=100000", "'k' must be <= 64"),
+    "d2sd b2 huge": ("--method d2sd --method-option b2=100000", "'b2' must be <= 64"),
+    "d2sd budget huge": ("--method d2sd --method-option budget=100000", "'budget' must be <= 2048"),
+    "pld draft_len huge": ("--method pld --method-option draft_len=100000000", "'draft_len' must be <= 256"),
+    "pld ngrams crossed": ("--method pld --method-option min_ngram=5 --method-option max_ngram=2", "min_ngram"),
+    "draws huge": ("--method dflash --method-option draws=100000", "'draws' must be <= 256"),
+    "option inf": ("--method treeflash --method-option temperature=inf", "finite"),
+    "preset budget huge": ("--preset {tmp}/huge-budget.yaml", "huge-budget.yaml: method_options:"),
+    "threads huge": ("--threads 100000", "--threads"),
+    # names: the near one suggested, the shipped ones listed, the key and file named
+    "preset near name": ("--preset treflash", "unknown preset 'treflash' (did you mean treeflash?); `treegen presets`"),
+    "method near name": ("--method treflash", "(did you mean treeflash?)"),
+    "option near name": ("--method pld --method-option draft_lenn=3", "(did you mean draft_len?)"),
+    "shipped drafter typo": ("--method treeflash --drafter demo/treeflsh",
+                             "demo/treeflsh: the demo pair ships no drafter named 'treeflsh' (did you mean demo/treeflash?)"),
+    "smollm2 drafter typo": ("--method dflash --drafter smollm2/nope", "it ships: smollm2/dflash"),
+    "preset drafter typo": ("--preset {tmp}/drafter-typo.yaml", "drafter-typo.yaml: drafter: demo/treeflsh: the demo"),
+    "gguf file missing": ("--target nosuch.gguf", "nosuch.gguf: no such .gguf file"),
+    "drafter unused": ("--method ar --drafter demo/dflash", "method ar drafts without a drafter; drop --drafter"),
+    "4bit and 8bit": ("--load-in-4bit --load-in-8bit", "--load-in-4bit and --load-in-8bit: choose one"),
 }
 
 
@@ -109,10 +137,23 @@ def test_complete_usage_errors_exit_2_before_loading(case, tmp_path, no_load):
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("flag", ["-n -1", "--temperature -2", "--top-p 7", "--seed x", "--method nosuch"])
+@pytest.mark.parametrize("flag", ["-n -1", "--temperature -2", "--top-p 7", "--seed x", "--method nosuch", "-n 0",
+                                  "--method-option budget=100000000"])
 def test_chat_usage_errors_exit_2_before_loading(flag, no_load):
     result = invoke("chat", *flag.split(), input="hello\n")
-    one_line(result, 2, flag.split()[0].lstrip("-")[:4])
+    one_line(result, 2, flag.split()[-1].split("=")[0] if "=" in flag else flag.split()[0].lstrip("-")[:4])
+
+
+@pytest.mark.parametrize("value, phrase", [("bogus", "$TREEGEN_PAIR='bogus': expected one of demo, smollm2"),
+                                           (" Demo ", None)])
+def test_treegen_pair_is_checked_before_loading(value, phrase, tmp_path, monkeypatch, no_load):
+    files(tmp_path)
+    monkeypatch.setenv("TREEGEN_PAIR", value)
+    result = invoke("complete", tmp_path / "p.txt")
+    if phrase:
+        one_line(result, 2, phrase)
+    else:   # a valid value reaches the load (refused here by no_load)
+        assert result.exit_code == 1 and "the model was loaded" in result.stderr
 
 
 def test_non_utf8_system_prompt(no_load):
@@ -171,15 +212,6 @@ def test_ar_reports_no_drafter(tmp_path):
     assert json.loads(result.stdout)["drafter"] is None
 
 
-def test_drafter_with_a_method_that_ignores_it_is_said(tiny_model_dir, tmp_path):
-    from treegen.assets import DEMO_DRAFTER
-
-    files(tmp_path)
-    result = invoke("complete", tmp_path / "p.txt", "--target", tiny_model_dir, "--method", "pld",
-                    "--drafter", DEMO_DRAFTER, "-n", 2)
-    assert result.exit_code == 0 and "--drafter is not used by method pld" in result.stderr
-
-
 def test_truncated_drafter_names_the_file(tmp_path):
     import shutil
 
@@ -220,7 +252,7 @@ def chat(tiny_model_dir, lines: bytes | str, *flags):
 
 
 SET_NONSENSE = ["/set top_p 5", "/set n -3", "/set temperature -2", "/set temperature inf", "/set seed 1e99",
-                "/set top_k x", "/set min_p 1", "/set nosuch 1", "/set", "/set n", "/set seed 99999999999999999999"]
+                "/set top_k x", "/set min_p 1", "/set nosuch 1", "/set n", "/set seed 99999999999999999999", "/set n 0"]
 
 
 def test_chat_set_nonsense_is_refused_at_set(tiny_model_dir):
@@ -233,9 +265,10 @@ def test_chat_set_nonsense_is_refused_at_set(tiny_model_dir):
     assert "conversation: 4 messages (2 replies)" in result.stderr
 
 
-def test_chat_zero_tokens_carries_on(tiny_model_dir):
+def test_chat_zero_tokens_is_refused_and_carries_on(tiny_model_dir):
     result = chat(tiny_model_dir, "/set n 0\nhello\n/set n 2\nagain\n/stats\n")
     assert result.exit_code == 0, result.output
+    assert "max_new_tokens must be >= 1 in a chat" in result.stderr and "max_new_tokens stays 3" in result.stderr
     assert "conversation: 4 messages (2 replies)" in result.stderr
 
 

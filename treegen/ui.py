@@ -1,7 +1,8 @@
 """Showing a generation: plain text for pipes, a tinted live view for terminals, and the end summary.
 
-The live view keeps only the current (unfinished) line and a status line in rich's live area; every line
-that is finished is printed above it for good, so scrollback and long outputs behave like plain text.
+The live view writes the text as it comes and lets the terminal wrap it: no newline is ever added, so a
+copied line is the model's line and a resize reflows it without redrawing anything. The status line sits
+on the screen's last row, outside a scroll region that holds the text (as apt's progress bar does).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from contextlib import contextmanager
 from typing import TextIO
 
-TINTS = ("cyan", "yellow", "magenta")   # one per round, cycling, so the size of each round shows
+TINTS = (("cyan", 36), ("yellow", 33), ("magenta", 35))   # one per round, cycling, so each round's size shows
 REFRESH_S = 0.05                         # at most 20 redraws a second, however fast rounds come
 # control characters a model may emit would drive the terminal; the live view shows their symbols instead
 VISIBLE_CONTROLS = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} | {0x7F: 0x2421}
@@ -48,84 +49,79 @@ class NullView:
 
 
 class LiveView:
-    """Each round's text in its own tint, with a status line under it while generating.
+    """Each round's text in its own tint, written as it comes; a status line on the last row while generating.
 
-    The live area is the unfinished part of the current line (always shorter than the terminal is wide:
-    full rows are printed above for good) and one status line, so it always fits the screen."""
+    The text is never redrawn (nothing is duplicated by a resize, nothing is cut); only the status row is,
+    with the cursor saved and restored around it. A terminal under 3 rows gets the tinted text alone."""
 
     def __init__(self, console):
-        from rich.live import Live
-        from rich.text import Text
-
-        self.console, self.line, self.shown, self.tinted = console, Text(), 0.0, 0
-        self.live = Live(console=console, auto_refresh=False, transient=True, vertical_overflow="crop",
-                         redirect_stdout=False, redirect_stderr=False)
-        self.live.start()
-        self.closed = False
+        self.console, self.out = console, console.file
+        self.color = console.color_system is not None and not console.no_color
+        self.shown, self.tinted, self.last, self.closed = 0.0, 0, "", False
+        self.rows = console.height if console.height >= 3 else 0   # 0: no status row
+        self.resized, self.saved_winch = False, None
+        if self.rows:
+            self._watch_resizes()
+            self._reserve()
 
     def update(self, chunk) -> None:
         if chunk.text:  # the tint changes with every round that shows something
-            text = expand_tabs(chunk.text.translate(VISIBLE_CONTROLS), self.line.plain)
-            self.line.append(text, style=TINTS[self.tinted % len(TINTS)])
+            text = chunk.text.translate(VISIBLE_CONTROLS)   # tabs stay tabs: the terminal knows its columns
+            code = TINTS[self.tinted % len(TINTS)][1]
+            self._write(f"\x1b[{code}m{text}\x1b[0m" if self.color else text)
             self.tinted += 1
-            self._print_finished_lines()
+            self.last = text[-1]
         now = time.perf_counter()
-        if chunk.finish or now - self.shown >= REFRESH_S:
+        if self.rows and (chunk.finish or self.resized or now - self.shown >= REFRESH_S):
             self.shown = now
-            self.live.update(self._area(status_line(chunk)), refresh=True)
+            if self.resized:
+                self._resize()
+            self._status(status_line(chunk, self.console.width - 1))
 
-    def _print_finished_lines(self) -> None:
-        cut = self.line.plain.rfind("\n")
-        if cut >= 0:
-            self.console.print(self.line[:cut], soft_wrap=True)
-            self.line = self.line[cut + 1:]
-        width = max(self.console.width, 2)
-        while True:  # whole rows of a long line go above too: the live area never wraps
-            cut = row_end(self.line.plain, width)
-            if cut is None:
-                return
-            self.console.print(self.line[:cut], soft_wrap=True)
-            self.line = self.line[cut:]
+    def _reserve(self) -> None:
+        """A free row under the cursor (IND scrolls when the cursor is on the last row, RI comes back up,
+        the column kept), then a scroll region of every row but the last; the cursor stays where it was."""
+        self._write(f"\x1bD\x1bM\x1b7\x1b[1;{self.rows - 1}r\x1b8")
 
-    def _area(self, status: str):
-        from rich.console import Group
-        from rich.text import Text
+    def _status(self, text: str) -> None:
+        self._write(f"\x1b7\x1b[{self.rows};1H\x1b[2K\x1b[2m{text}\x1b[0m\x1b8")
 
-        return Group(self.line, Text(status, style="dim", no_wrap=True, overflow="ellipsis"))
+    def _resize(self) -> None:
+        """Whatever is below the cursor is the old status row (the text ends at the cursor): erase it, then
+        reserve the new last row."""
+        self.resized = False
+        self.rows = self.console.height if self.console.height >= 3 else 0
+        self._write("\x1b[J\x1b7\x1b[r\x1b8")
+        if self.rows:
+            self._reserve()
+
+    def _write(self, codes: str) -> None:
+        self.out.write(codes)
+        self.out.flush()
+
+    def _watch_resizes(self) -> None:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGWINCH"):
+            self.saved_winch = signal.signal(signal.SIGWINCH, self._on_resize)
+
+    def _on_resize(self, signum, frame) -> None:
+        self.resized = True
+        if callable(self.saved_winch):
+            self.saved_winch(signum, frame)
 
     def close(self) -> None:
-        """Stop the live area and leave the last line on screen, ending with a newline."""
-        if not self.closed:
-            self.closed = True
-            self.live.stop()
-            self.console.print(self.line, soft_wrap=True)
+        """The scroll region back to the whole screen, the status row cleared, and a final newline."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.rows:
+            import signal
 
-
-def row_end(text: str, width: int) -> int | None:
-    """Index where the first full terminal row of text ends, or None when text fits in one row."""
-    from rich.cells import get_character_cell_size
-
-    cells = 0
-    for i, ch in enumerate(text):
-        cells += get_character_cell_size(ch)
-        if cells > width:
-            return max(i, 1)
-    return None
-
-
-def expand_tabs(text: str, before: str, size: int = 8) -> str:
-    """Tabs as the spaces they would take after `before` (the line so far), so widths are known exactly."""
-    if "\t" not in text:
-        return text
-    col, out = len(before), []
-    for ch in text:
-        if ch == "\t":
-            out.append(" " * (size - col % size))
-            col += size - col % size
-        else:
-            out.append(ch)
-            col = 0 if ch == "\n" else col + 1
-    return "".join(out)
+            signal.signal(signal.SIGWINCH, self.saved_winch or signal.SIG_DFL)
+            self._write(f"\x1b7\x1b[r\x1b[{self.rows};1H\x1b[2K\x1b8")
+        self._write("" if self.last in ("", "\n") else "\n")
 
 
 @contextmanager
@@ -149,10 +145,23 @@ def quiet_keys(stream):
         termios.tcflush(fd, termios.TCIFLUSH)
 
 
-def status_line(chunk) -> str:
+def status_line(chunk, width: int = 80) -> str:
+    """tokens/s first, then the round, its acceptance and the mean acceptance length, as many as fit."""
     r, s = chunk.round, chunk.stats
-    return (f"round {r.index} | accepted {r.accepted}/{r.drafted} | mean acceptance length "
-            f"{s.mean_accepted_length:.2f} | {s.tokens_per_second:.1f} tok/s")
+    parts = [f"{s.tokens_per_second:.1f} tok/s", f"round {r.index}", f"accepted {r.accepted}/{r.drafted}",
+             f"{s.mean_accepted_length:.2f} tokens/round"]
+    return fitted(parts, " | ", width)
+
+
+def fitted(parts: list[str], sep: str, width: int, more: str = "") -> str:
+    """The leading parts that fit in `width` columns (the first always), `more` marking any left out."""
+    line = parts[0]
+    for i, part in enumerate(parts[1:], 1):
+        tail = more if i < len(parts) - 1 else ""
+        if len(line) + len(sep) + len(part) + len(tail) > width:
+            return line + more
+        line += sep + part
+    return line
 
 
 def is_terminal(stream: TextIO) -> bool:
@@ -189,33 +198,54 @@ def _timing(seconds: float, tokens: int) -> str:
     return f"{_ms(seconds)} / {tokens:5d} tokens{rate}"
 
 
-def time_split(split: dict[str, float], wall: float) -> str:
-    def part(name):
-        share = f" ({split[name] / wall:.0%})" if wall else ""
-        return f"{name} {split[name] * 1000:.1f} ms{share}"
+def time_split(split: dict[str, float], wall: float, width: int) -> str:
+    """Each part's time and share when that fits the width, else its share alone."""
+    share = {name: f"{split[name] / wall:.0%}" if wall else "-" for name in split}
+    full = " | ".join(f"{name} {split[name] * 1000:.1f} ms ({share[name]})" for name in split)
+    return full if len(full) <= width else ", ".join(f"{name} {share[name]}" for name in split)
 
-    return " | ".join(part(name) for name in split)
+
+def terminal_width() -> int:
+    import shutil
+
+    return shutil.get_terminal_size((80, 24)).columns
 
 
-def summary(stats, *, method: str, prompt_tokens: int, prefills: int = 1) -> str:
-    """Aligned lines: times, acceptance, per-position acceptance, the time split. `prefills`: generations
-    summed in `stats` (a chat session), each of whose first token came with its prompt eval."""
+def summary(stats, *, method: str, prompt_tokens: int, prefills: int = 1, seed: int | None = None,
+            seed_drawn: bool = False, finish: str | None = None, width: int | None = None) -> str:
+    """Aligned lines: times, acceptance (per round, by depth, the share of the tree used), the time split,
+    each at most `width` columns where it can be (the terminal's by default). `prefills`: generations summed
+    in `stats` (a chat session), each of whose first token came with its prompt eval. `seed`: shown when
+    sampling; `finish`: instead of the stats' own (a session's mix)."""
     d = stats.to_dict()
-    rate = stats.accepted_drafts / stats.drafted if stats.drafted else 0.0
     rows = [
-        ("method", f"{method}, finish = {stats.finish}"),
+        ("method", f"{method}, finish = {finish or stats.finish}"),
         ("prompt eval time", _timing(stats.time_prefill, prompt_tokens - stats.prompt_reused)
          + (f", {stats.prompt_reused} more reused from the last turn" if stats.prompt_reused else "")),
         # as llama.cpp's "eval time": after the prompt eval, whose forward also gives the first token
         ("eval time", _timing(max(stats.wall_time - stats.time_prefill, 0.0), max(stats.new_tokens - prefills, 0))),
         ("total time", f"{_ms(stats.wall_time)} / {stats.new_tokens:5d} tokens"),
-        ("rounds", f"{stats.rounds}, mean acceptance length = {stats.mean_accepted_length:.2f} tokens/round, "
-                   + f"mean tree size = {d['mean_tree_size']:.1f}"),
-        ("draft acceptance rate", f"{rate:.2f} ({stats.accepted_drafts} accepted / {stats.drafted} drafted)"),
-        ("acceptance per position", " ".join(f"{p:.2f}" for p in d["acceptance_per_position"]) or "-"),
-        ("time split", time_split(d["time_split_s"], stats.wall_time)),
+        ("rounds", f"{stats.rounds}, mean acceptance length = {stats.mean_accepted_length:.2f} tokens/round"),
+        ("accepted per round", accepted_text(stats, d)),
+        ("rounds reaching depth", None),
+        ("time split", None),
     ]
     if stats.ways:   # lookup: true
         rows.append(("rounds by way", " | ".join(f"{way} {n / stats.rounds:.0%}" for way, n in sorted(stats.ways.items()))))
-    width = max(len(label) for label, _ in rows)
-    return "\n".join(f"{label:>{width}} = {value}" for label, value in rows)
+    if seed is not None:
+        rows.append(("seed", f"{seed} (drawn: --seed {seed} repeats this run)" if seed_drawn else str(seed)))
+    label = max(len(name) for name, _ in rows)
+    room = (width or terminal_width()) - label - 3
+    reached = [f"{k}: {p:.2f}" for k, p in enumerate(d["acceptance_per_position"], 1)] or ["-"]
+    rows = [(name, fitted(reached, ", ", room, ", ...") if name == "rounds reaching depth" else
+             time_split(d["time_split_s"], stats.wall_time, room) if name == "time split" else value)
+            for name, value in rows]
+    return "\n".join(f"{name:>{label}} = {value}" for name, value in rows)
+
+
+def accepted_text(stats, d: dict) -> str:
+    """Drafted tokens accepted a round, out of the nodes drafted, and the share of the tree they are."""
+    if not stats.drafted:
+        return "- (nothing drafted: plain decoding)"
+    return (f"{d['accepted_per_round']:.2f} of {d['mean_tree_size']:.1f} drafted nodes "
+            f"({d['tree_used']:.1%} of the tree)")

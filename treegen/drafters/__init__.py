@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..validate import shown
+from ..validate import did_you_mean, shown
 from . import defaults as D
 
 
@@ -108,7 +109,8 @@ register(Method("d2sd", "DFlash chain plus K re-drafts by a variable-prefix draf
 
 def get_method(name: str) -> Method:
     if name not in METHODS:
-        raise MethodError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}")
+        raise MethodError(f"unknown method {shown(name)}{did_you_mean(name, METHODS)}; known: "
+                          f"{', '.join(sorted(METHODS))}")
     return METHODS[name]
 
 
@@ -119,8 +121,8 @@ def check_options(method: Method, options: dict[str, Any]) -> dict[str, Any]:
         if key == "budget" and value == D.AUTO and key in known:
             continue
         if key not in known:
-            raise MethodError(f"method {method.name!r} has no option {shown(key)}; it takes: "
-                              f"{', '.join(sorted(known)) or 'none'}")
+            raise MethodError(f"method {method.name!r} has no option {shown(key)}{did_you_mean(key, known)}; "
+                              f"it takes: {', '.join(sorted(known)) or 'none'}")
         if not _type_ok(value, known[key]):
             raise MethodError(f"method {method.name!r} option {key!r} must be {type(known[key]).__name__}, "
                               f"got {shown(value)}")
@@ -128,10 +130,26 @@ def check_options(method: Method, options: dict[str, Any]) -> dict[str, Any]:
         if choices is not None and value not in choices:
             raise MethodError(f"method {method.name!r} option {key!r} must be one of {', '.join(choices)}, "
                               f"got {shown(value)}")
-        low = D.MINIMUM.get((method.name, key), D.MINIMUM.get((None, key)))
-        if low is not None and isinstance(value, (int, float)) and value < low:  # types: the drafter says
-            raise MethodError(f"method {method.name!r} option {key!r} must be >= {low}, got {shown(value)}")
-    return {**known, **options}
+        check_range(method.name, key, value)
+    merged = {**known, **options}
+    if method.name == "pld" and merged["min_ngram"] > merged["max_ngram"]:
+        raise MethodError(f"method 'pld' option 'min_ngram' ({merged['min_ngram']}) must be <= max_ngram "
+                          f"({merged['max_ngram']})")
+    return merged
+
+
+def check_range(method: str, key: str, value: Any) -> None:
+    """A number within the option's bounds (defaults.MINIMUM / MAXIMUM) and finite, or one line."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    low = D.MINIMUM.get((method, key), D.MINIMUM.get((None, key)))
+    high = D.MAXIMUM.get((method, key), D.MAXIMUM.get((None, key)))
+    if isinstance(value, float) and not math.isfinite(value):
+        raise MethodError(f"method {method!r} option {key!r} must be a finite number, got {shown(value)}")
+    if low is not None and value < low:
+        raise MethodError(f"method {method!r} option {key!r} must be >= {low}, got {shown(value)}")
+    if high is not None and value > high:
+        raise MethodError(f"method {method!r} option {key!r} must be <= {high}, got {shown(value)}")
 
 
 def auto_budget(options: dict | None) -> bool:

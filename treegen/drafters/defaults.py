@@ -47,3 +47,13 @@ MINIMUM = {("pld", "max_ngram"): 1, ("pld", "min_ngram"): 1, ("pld", "draft_len"
            ("treeflash", "support"): 0, ("dartree", "budget"): 1, ("dartree", "candidates"): 1,
            ("dartree", "width"): 1, ("d2sd", "k"): 1, ("d2sd", "b2"): 0, ("d2sd", "budget"): 0,
            (None, "draws"): 1}   # None: any method that has the option
+# the largest valid value of size-like options, checked before anything loads: past these a tree's tables
+# and its verify rows outgrow a machine's memory (a budget of 10**8 asked for tens of GB) with no gain
+MAX_TREE = 2048         # nodes verified per round: 16x the `budget: auto` ceiling
+MAX_WIDTH = 1024        # per-depth candidates and children (clamped to the vocabulary as well)
+MAXIMUM = {("pld", "max_ngram"): 64, ("pld", "min_ngram"): 64, ("pld", "draft_len"): 256, ("pld", "branches"): 64,
+           ("ddtree", "budget"): MAX_TREE, ("ddtree", "top_k"): MAX_TREE,
+           ("treeflash", "budget"): MAX_TREE, ("treeflash", "top_m"): 256, ("treeflash", "top_k"): MAX_WIDTH,
+           ("treeflash", "support"): 2 ** 18, ("dartree", "budget"): MAX_TREE,
+           ("dartree", "candidates"): 4096, ("dartree", "width"): MAX_WIDTH, ("d2sd", "k"): 64,
+           ("d2sd", "b2"): D2SD_MAX_B2, ("d2sd", "budget"): MAX_TREE, (None, "draws"): 256}

@@ -57,6 +57,16 @@ class Stats:
                 for k in range(1, deepest + 1)]
 
     @property
+    def accepted_per_round(self) -> float:
+        """Drafted tokens accepted per decode round (tau - 1)."""
+        return self.accepted_drafts / self.rounds if self.rounds else 0.0
+
+    @property
+    def tree_used(self) -> float:
+        """The share of drafted nodes that were on an accepted path: how much of each tree paid."""
+        return self.accepted_drafts / self.drafted if self.drafted else 0.0
+
+    @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_time if self.wall_time else 0.0
 
@@ -69,7 +79,8 @@ class Stats:
         other = max(self.wall_time - self.time_prefill - self.time_draft - self.time_build - self.time_verify, 0.0)
         d.update(
             mean_accepted_length=self.mean_accepted_length,
-            acceptance_per_position=self.acceptance_per_position,
+            acceptance_per_position=self.acceptance_per_position,   # = the share of rounds reaching depth k
+            accepted_per_round=self.accepted_per_round, tree_used=self.tree_used,
             accept_histogram={str(k): v for k, v in sorted(self.accept_histogram.items())},
             mean_tree_size=self.drafted / self.rounds if self.rounds else 0.0,
             wall_time_s=self.wall_time, tokens_per_second=self.tokens_per_second,
