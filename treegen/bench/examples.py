@@ -1,0 +1,116 @@
+"""The example sessions in README.md and docs/*.md, run for real so they cannot go stale.
+
+    python -m treegen.bench.examples            run every example and write its output into the document
+    python -m treegen.bench.examples --check    run them and exit 1 naming each that differs (tests/test_examples.py)
+
+An example is an indented block between markers; its first line is the shell command, the rest its output
+(stdout and stderr as a terminal shows them):
+
+    <!-- example -->                 or <!-- example needs=smollm2 --> (skipped when SmolLM2 is not installed)
+        $ printf 'def add(a, b):\\n/exit\\n' | treegen chat --target demo -n 24 --method dflash
+        ...
+    <!-- /example -->
+
+Timings differ from run to run: on a line that speaks of time, numbers are compared as numbers, not values.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = re.compile(r"(<!-- example(?: needs=(\w+))? -->\n)(.*?)(<!-- /example -->)", re.DOTALL)
+INDENT = "    "
+TIMED = re.compile(r"time|tok/s|tokens per second")
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+@dataclass(frozen=True)
+class Example:
+    document: Path
+    command: str
+    output: str
+    needs: str | None
+
+
+def parse(block: str) -> tuple[str, str]:
+    lines = [line.removeprefix(INDENT) for line in block.rstrip("\n").splitlines()]
+    if not lines or not lines[0].startswith("$ "):
+        raise ValueError(f"an example starts with '$ COMMAND', not {lines[:1]!r}")
+    return lines[0][2:], "\n".join(lines[1:])
+
+
+def examples(root: Path = ROOT) -> list[Example]:
+    out = []
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for m in EXAMPLE.finditer(path.read_text(encoding="utf-8")):
+            command, output = parse(m.group(3))
+            out.append(Example(path, command, output, m.group(2)))
+    return out
+
+
+def available(needs: str | None) -> bool:
+    if needs is None:
+        return True
+    if needs == "smollm2":
+        from ..assets import smollm2_gguf
+
+        return smollm2_gguf() is not None
+    return False
+
+
+def run(command: str, timeout: float = 600) -> str:
+    """The command in a scratch folder, stdout and stderr merged in the order written, 120 columns."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", "NO_COLOR": "1", "TERM": "dumb"}
+    with tempfile.TemporaryDirectory() as scratch:
+        done = subprocess.run(["bash", "-c", command], check=False, cwd=scratch, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return "\n".join(line.rstrip() for line in done.stdout.rstrip("\n").splitlines())
+
+
+def normal(text: str) -> str:
+    """Timing lines with their numbers masked; trailing space dropped."""
+    return "\n".join(NUMBER.sub("N", line) if TIMED.search(line) else line.rstrip() for line in text.splitlines())
+
+
+def same(documented: str, actual: str) -> bool:
+    return normal(documented) == normal(actual)
+
+
+def block(command: str, output: str) -> str:
+    lines = [f"$ {command}", *output.splitlines()]
+    return "".join((INDENT + line if line else "") + "\n" for line in lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    check, failed = "--check" in args, []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text(encoding="utf-8")
+
+        def refresh(m: re.Match, name: str = path.name) -> str:
+            command, output = parse(m.group(3))
+            if not available(m.group(2)):
+                print(f"skipped (needs {m.group(2)}): {command}", file=sys.stderr)
+                return m.group(0)
+            actual = run(command)
+            if not same(output, actual):
+                failed.append(f"{name}: {command}")
+            return m.group(1) + block(command, actual) + m.group(4)
+
+        new = EXAMPLE.sub(refresh, text)
+        if not check and new != text:
+            path.write_text(new, encoding="utf-8")
+            print(f"wrote {path.relative_to(ROOT)}")
+    for line in failed:
+        print(f"{'stale' if check else 'updated'}: {line}", file=sys.stderr)
+    return 1 if check and failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
