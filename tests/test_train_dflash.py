@@ -36,7 +36,7 @@ def learned_target(folder, text: str, steps: int = 150):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir_of(folder))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir_of(folder))
     train_target(model, encode_corpus([text], tok), folder / "state", batch=8, seq_len=64, lr=1e-2,
-                 max_steps=steps)
+                 max_steps=steps, device="cpu", precision="fp32")
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
@@ -57,7 +57,7 @@ def test_training_raises_heldout_acceptance(tiny_model_dir, tmp_path):
     out = tmp_path / "drafter"
     args = ["dflash", "--target", str(target), "--data", str(data), "--out", str(out),
             "--layers", "1", "--block-size", "8", "--steps", "300", "--batch", "8", "--seq-len", "64",
-            "--anchors", "8", "--lr", "3e-3", "--regenerate", "64", "--heldout", str(data)]
+            "--anchors", "8", "--lr", "3e-3", "--regenerate", "64", "--heldout", str(data), "--dtype", "fp32"]
     result = CliRunner().invoke(train, args)
     assert result.exit_code == 0, result.output
     lines = [ln for ln in result.output.splitlines() if ln.startswith("held-out acceptance")]

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-DEVICES = ("auto", "cpu", "cuda")              # and cuda:N
+DEVICES = ("auto", "cpu", "cuda")              # the names --device takes (and cuda:N)
+AUTO, CPU, CUDA = DEVICES
 PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16}
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")   # x86: native bf16 dot products / tiles (/proc/cpuinfo flags)
 # the main rank writes, evaluates and fills feature stores while the others wait in a collective
@@ -41,17 +42,17 @@ def cpu_flags() -> set[str]:
 
 def native_bf16(device: torch.device) -> bool:
     """Whether the device computes bf16 natively (so that autocast to it is faster, not an emulation)."""
-    if device.type == "cuda":
+    if device.type == CUDA:
         return torch.cuda.is_bf16_supported()
     flags = cpu_flags()
-    return device.type == "cpu" and (any(f in flags for f in CPU_BF16_FLAGS) or "bf16" in flags)   # arm: bf16
+    return device.type == CPU and (any(f in flags for f in CPU_BF16_FLAGS) or "bf16" in flags)   # arm: bf16
 
 
 def check_device(device: str) -> None:
     """A device this machine lacks, or a name no device has: DeviceError before anything loads."""
-    if device not in DEVICES and not (device.startswith("cuda:") and device[5:].isdigit()):
+    if device not in DEVICES and not (device.startswith(CUDA + ":") and device[5:].isdigit()):
         raise DeviceError(f"--device {device}: use one of {', '.join(DEVICES)} or cuda:N")
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if device.startswith(CUDA) and not torch.cuda.is_available():
         raise DeviceError(f"--device {device}: this machine has no CUDA device (torch {torch.__version__})")
 
 
@@ -71,10 +72,10 @@ def main_rank() -> bool:
 
 def pick_device(device: str, local_rank: int) -> torch.device:
     check_device(device)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":   # one GPU per process under torchrun
-        return torch.device("cuda", local_rank)
+    if device == AUTO:
+        device = CUDA if torch.cuda.is_available() else CPU
+    if device == CUDA:   # one GPU per process under torchrun
+        return torch.device(CUDA, local_rank)
     return torch.device(device)
 
 
@@ -104,7 +105,7 @@ class Runtime:
     def target_dtype(self) -> str:
         """The frozen target's weights, as a served target's on this device: the compute type on a GPU, full
         width on a CPU (the CPU serves fp32; autocast still runs its matmuls in the compute type)."""
-        dtype = self.precision if self.device.type == "cuda" else torch.float32
+        dtype = self.precision if self.device.type == CUDA else torch.float32
         return str(dtype).removeprefix("torch.")
 
     def autocast(self):
@@ -136,7 +137,7 @@ class Runtime:
             return model
         from torch.nn.parallel import DistributedDataParallel
 
-        ids = [self.device.index] if self.device.type == "cuda" else None
+        ids = [self.device.index] if self.device.type == CUDA else None
         return DistributedDataParallel(model, device_ids=ids)
 
     def mean(self, value: float) -> float:
@@ -197,8 +198,8 @@ def runtime(device: str = "auto", precision: str = "auto") -> Runtime:
     dev = pick_device(device, local)
     dtype = pick_precision(precision, dev)
     if world > 1 and not dist.is_initialized():
-        if dev.type == "cuda":
+        if dev.type == CUDA:
             torch.cuda.set_device(dev)
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=WAIT)
+        dist.init_process_group("nccl" if dev.type == CUDA else "gloo", timeout=WAIT)
         atexit.register(dist.destroy_process_group)
     return Runtime(dev, dtype, rank, world, device, precision)

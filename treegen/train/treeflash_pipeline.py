@@ -20,13 +20,15 @@ from .evaluate import acceptance, heldout_prompts
 from .treeflash import TreeFlashTrainConfig, train_treeflash
 
 
-def start_model(drafter: str, out: Path, resume: bool) -> TreeFlashModel:
-    """A TreeFlash checkpoint continues its head; a DFlash drafter gets a fresh head; --resume reloads OUT."""
+def start_model(drafter: str, out: Path, resume: bool, seed: int = 0) -> TreeFlashModel:
+    """A TreeFlash checkpoint continues its head; a DFlash drafter gets a fresh head (drawn from `seed`);
+    --resume reloads OUT."""
     if resume and (out / "train_state.pt").exists():
         return load_treeflash(str(out))  # fit() restores the head and optimizer from train_state.pt
     folder = resolve_checkpoint(drafter)
     if "treeflash_config" in read_config(folder).extra:
         return load_treeflash(str(folder))
+    torch.manual_seed(seed)
     return from_dflash(load_dflash(str(folder)))
 
 
@@ -50,7 +52,7 @@ def train_treeflash_pipeline(target_name: str, drafter: str, data: list[str], ou
     rt = run_on(cfg)
     log = rt.log(log)
     target, tok = load_target(target_name, dtype=rt.target_dtype, device=str(rt.device))
-    model = start_model(drafter, out, resume)
+    model = start_model(drafter, out, resume, cfg.seed)
     fits(model, target)
     stream = read_stream(list(data), tok)
     head = sum(p.numel() for p in model.ar_approximation.parameters())

@@ -66,7 +66,7 @@ def train_vp_drafter(target, drafter: DFlashDrafter, stream: torch.Tensor, out_d
     def loss(part):
         value, acc = block_loss(drafter, target, part["ids"], part["anchors"], part["visible"], cfg.gamma,
                                 features=windows.features(part))
-        return value, f"acc@+0 {acc[0]:.2f} acc@+3 {acc[3]:.2f}"
+        return value, f"acc@+0 {acc[0]:.2f} acc@+3 {acc[min(3, len(acc) - 1)]:.2f}"
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=cfg.warmup)
     return fit(drafter, opt, sched, gen, out_dir / "train_state.pt", sharded(rt, draw, loss, cfg.batch * cfg.anchors * block),
