@@ -15,6 +15,7 @@ def test_there_are_examples_and_each_starts_with_a_command():
 
 def test_timings_are_compared_as_numbers_only():
     assert E.same("total time = 12.5 ms\nrounds = 9", "total time = 7.25 ms\nrounds = 9")
+    assert E.same("eval time =     9.5 ms", "eval time =    19.5 ms")   # padding follows the width
     assert not E.same("rounds = 9", "rounds = 13")
     assert not E.same("total time = 1 ms", "total = 1 ms")
 

@@ -74,8 +74,10 @@ def run(command: str, timeout: float = 600) -> str:
 
 
 def normal(text: str) -> str:
-    """Timing lines with their numbers masked; trailing space dropped."""
-    return "\n".join(NUMBER.sub("N", line) if TIMED.search(line) else line.rstrip() for line in text.splitlines())
+    """Timing lines with their numbers masked and their padding (it follows the numbers' widths) collapsed;
+    trailing space dropped."""
+    return "\n".join(" ".join(NUMBER.sub("N", line).split()) if TIMED.search(line) else line.rstrip()
+                     for line in text.splitlines())
 
 
 def same(documented: str, actual: str) -> bool:
