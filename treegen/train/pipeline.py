@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.dflash import DFlashBlock, DFlashChainDrafter
+from ..drafters.dflash import DFlashChainDrafter, load_block
 from ..loading import load_target
 from ..models.checkpoint import check_fits, load_dflash
 from .common import run_on
@@ -30,7 +30,7 @@ def training_stream(target, tok, data: list[str], out: Path, regen: int, seq_len
 
 
 def estimate(target, out: Path, heldout_stream: torch.Tensor, log, n: int = 8) -> dict:
-    block = DFlashBlock(load_dflash(str(out)), target)
+    block = load_block(target, str(out))   # as served: the target's dtype and device
     prompts = heldout_prompts(heldout_stream, n, 64)
     result = {}
     for temp in (0.0, 1.0):

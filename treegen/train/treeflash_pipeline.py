@@ -10,7 +10,7 @@ import torch
 
 from ..drafters.ddtree import DDTreeDrafter
 from ..drafters.dflash import DFlashBlock
-from ..drafters.treeflash import TreeFlashDrafter
+from ..drafters.treeflash import TreeFlashDrafter, load_treeflash_block
 from ..loading import load_target
 from ..models.checkpoint import load_dflash, read_config, resolve_checkpoint
 from ..models.treeflash import TreeFlashModel, fits, from_dflash, load_treeflash
@@ -62,8 +62,8 @@ def train_treeflash_pipeline(target_name: str, drafter: str, data: list[str], ou
     log(f"trained {steps} steps in {secs / 60:.1f} min; checkpoint in {out}")
     if not heldout or not rt.main:
         return {}
-    result = compare(target, model.eval(), heldout_prompts(read_stream(list(heldout), tok), prompts, 64),
-                     budgets, supports)
+    served = load_treeflash_block(target, str(out))[1]   # as served: the target's dtype and device
+    result = compare(target, served, heldout_prompts(read_stream(list(heldout), tok), prompts, 64), budgets, supports)
     for name, row in result.items():
         log(f"held-out acceptance ({prompts} prompts x 64 tokens, T=0) {name}: {row['accept']:.3f} "
             f"({row['tok_per_s']:.0f} tok/s)")
