@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import resource
 import sys
 import tempfile
 import time
@@ -62,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--short", type=int, default=2)
-    ap.add_argument("--long", type=int, default=10)
+    ap.add_argument("--short", type=int, default=3)
+    ap.add_argument("--long", type=int, default=13)
     args = ap.parse_args(argv)
     from ..assets import ASSETS, shipped
     from ..loading import load_target
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             result["precisions"][precision] = {"step_s": round(step, 4), "wall_s": round(time.perf_counter() - t0, 1)}
             print(f"{precision}: {step:.3f} s a step", file=sys.stderr, flush=True)
     p = result["precisions"]
+    result["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)   # Linux: KiB
     result["bf16_speedup"] = round(p["fp32"]["step_s"] / p["bf16"]["step_s"], 2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
