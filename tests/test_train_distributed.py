@@ -168,7 +168,7 @@ def test_no_device_or_precision_is_hard_coded_under_train():
 
 def test_autocast_only_where_asked_and_the_target_as_served():
     from treegen.train.common import runtime
-    from treegen.train.distributed import Runtime, native_bf16
+    from treegen.train.common import Runtime, native_bf16
 
     cpu = torch.device("cpu")
     assert runtime("cpu", "fp32").precision == torch.float32
@@ -182,7 +182,7 @@ def test_autocast_only_where_asked_and_the_target_as_served():
 
 
 def test_the_global_batch_splits_evenly_or_not_at_all():
-    from treegen.train.distributed import Runtime
+    from treegen.train.common import Runtime
 
     cpu = torch.device("cpu")
     batch = {"ids": torch.arange(8).view(4, 2), "allowed": None}

@@ -12,18 +12,33 @@ from pathlib import Path
 import torch
 
 from .distributed import (
+    CPU_BF16_FLAGS,
     PRECISIONS,
     DeviceError,
     Runtime,
     as_served,
     check_device,
     check_precision,
+    cpu_flags,
     main_rank,
+    native_bf16,
     runtime,
 )
 
-__all__ = ["PRECISIONS", "DeviceError", "Runtime", "as_served", "check_device", "check_precision", "main_rank",
-           "runtime", "run_on"]
+__all__ = [
+    "CPU_BF16_FLAGS",
+    "PRECISIONS",
+    "DeviceError",
+    "Runtime",
+    "as_served",
+    "check_device",
+    "check_precision",
+    "cpu_flags",
+    "main_rank",
+    "native_bf16",
+    "run_on",
+    "runtime",
+]
 
 
 def encode_corpus(texts: list[str], tokenizer) -> torch.Tensor:
@@ -64,15 +79,19 @@ class LoopConfig:
 
 
 def run_on(cfg) -> Runtime:
-    """The Runtime a config asks for (under torchrun: this rank's, the process group joined)."""
-    return runtime(getattr(cfg, "device", "auto"), getattr(cfg, "precision", "auto"))
+    """The Runtime a config asks for (under torchrun: this rank's, the process group joined), refused when
+    its global batch does not divide among the processes."""
+    rt = runtime(getattr(cfg, "device", "auto"), getattr(cfg, "precision", "auto"))
+    rt.check_batch(cfg.batch)
+    return rt
 
 
 def runtime_options(parser) -> None:
     """--device and --dtype on a data generator's argparse command line (the train commands have click's)."""
     parser.add_argument("--device", default="auto", help="auto (cuda when present, else the CPU), cpu, cuda, cuda:N")
     parser.add_argument("--dtype", default="auto", choices=list(PRECISIONS),
-                        help="compute precision (auto: bf16 where the device has it natively)")
+                        help="precision (auto: bf16 where the device has it natively); the target generates as it "
+                             "is served: in that precision on a GPU, fp32 on a CPU")
 
 
 def runtime_from(args) -> Runtime:

@@ -240,7 +240,6 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
                  resume: bool = False, log=print):
     """Train on random windows of a token stream; checkpoints to out_dir/train_state.pt, exports to out_dir."""
     rt = run_on(cfg)
-    rt.check_batch(cfg.batch)
     freeze(target)
     drafter.to(rt.device)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -99,7 +99,6 @@ def train_domino(target, backbone: DFlashDrafter, head: DominoHead, stream: torc
     if cfg.recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {cfg.recipe!r}")
     rt = run_on(cfg)
-    rt.check_batch(cfg.batch)
     freeze(target)
     backbone.to(rt.device), head.to(rt.device)
     joint = cfg.recipe == "joint"

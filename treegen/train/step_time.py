@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from ..assets import ASSETS, shipped
     from ..loading import load_target
-    from .distributed import CPU_BF16_FLAGS, cpu_flags, native_bf16
+    from .common import CPU_BF16_FLAGS, cpu_flags, native_bf16
 
     torch.set_num_threads(args.threads)
     rt = runtime(args.device, "fp32")

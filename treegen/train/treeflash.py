@@ -57,7 +57,6 @@ def train_treeflash(target, model: TreeFlashModel, stream: torch.Tensor, out_dir
                     resume: bool = False, save_dtype: torch.dtype | None = None):
     """Train the head on random windows; checkpoints to out_dir/train_state.pt, exports the published layout."""
     rt = run_on(cfg)
-    rt.check_batch(cfg.batch)
     freeze(target)
     model.to(rt.device)
     for p in model.model.parameters():

@@ -47,7 +47,6 @@ def train_vp_drafter(target, drafter: DFlashDrafter, stream: torch.Tensor, out_d
     if drafter.config.block_size < 4:
         raise ValueError(f"a VP-drafter needs a block of at least 4 positions, got {drafter.config.block_size}")
     rt = run_on(cfg)
-    rt.check_batch(cfg.batch)
     freeze(target)
     mark_variable_prefix(drafter)
     drafter.to(rt.device)
