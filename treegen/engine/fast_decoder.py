@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import invariant
 from .matmul import Matmul, matmul_for
 
 ARCHITECTURES = ("qwen3", "llama")
@@ -70,11 +71,12 @@ def _mlp(mlp):
 class FastDecoder:
     """decoder(ids, positions, mask, cache) -> (last hidden state [1, n, H], hidden states as transformers
     returns them: the embeddings, each layer's output, the last replaced by its final norm).
-    tuned: each projection in its measured-fastest layout (engine/matmul.py); else F.linear, as transformers."""
+    invariant: row-invariant projections and attention (the engine's); else transformers' own kernels."""
 
-    def __init__(self, model, tuned: bool = True):
+    def __init__(self, model, invariant: bool = True):
         config = model.config
-        mm = (lambda w: matmul_for(model, w)) if tuned else Matmul.plain
+        self.invariant = invariant
+        mm = (lambda w: matmul_for(model, w)) if invariant else Matmul.plain
         decoder = model.get_decoder()
         self.eps, self.head_dim = config.rms_norm_eps, config.head_dim if getattr(config, "head_dim", None) \
             else config.hidden_size // config.num_attention_heads
@@ -113,6 +115,9 @@ class FastDecoder:
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), wv(h).view(shape).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         keys, values = layer.update(k, v)
+        if self.invariant:
+            out = invariant.attention(q, keys, values, mask, self.scale)
+            return wo(out.transpose(1, 2).reshape(batch, n, -1))
         if n == 1:   # transformers packs one query's heads by key/value group instead of repeating K/V
             q = q.reshape(batch, q.shape[1] // self.groups, self.groups, self.head_dim)
         # several rows: transformers repeats K/V per query head; SDPA's own grouped-query path gives the same

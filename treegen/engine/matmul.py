@@ -15,6 +15,7 @@ computes its rows the same way.
 """
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from typing import ClassVar
@@ -100,7 +101,7 @@ class Matmul:
         """Measured once per machine, shape, dtype and thread count (a second or so), then kept on disk."""
         n_out, n_in = weight.shape
         key = (f"{n_out}x{n_in}|{weight.dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
-               f"|{torch.backends.cpu.get_cpu_capability()}")
+               f"|{torch.backends.cpu.get_cpu_capability()}|{machine()}")
         if key not in cls.measured:
             path = cache_root() / "matmul.json"
             saved = read_table(path).get(key)
@@ -149,14 +150,150 @@ def time_forms(n_out: int, n_in: int, dtype, repeats: int = 7) -> dict[str, dict
     return seconds
 
 
-_per_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> id(weight) -> Matmul
+CHUNKS = (64, 32, 16, 8, 4, 2, 1)   # rows one call of a RowMatmul may carry
+CHECKED = tuple(range(2, 17)) + (17, 24, 31, 32, 33, 48, 63, 64)   # row counts whose rows are compared
 
 
-def matmul_for(model, weight: torch.Tensor) -> Matmul:
-    """The model's Matmul for one of its weights: measured and copied once, kept as long as the model."""
+PIECES = (1, 2, 4)   # a wide input may be cut into pieces: each piece's product row-invariant, summed in fp32
+
+
+class RowMatmul:
+    """x @ W.T with one form for every row count, called on at most `chunk` rows at a time (and, for a wide
+    input, on `pieces` slices of it whose products are summed in fp32 in a fixed order), where that form gives
+    every row the bits it gives that row alone: a row's product is the same in plain decoding (one row) and
+    inside any tree. Form, chunk and pieces are measured once per shape, dtype, thread count and host."""
+
+    measured: ClassVar[dict[str, tuple[str, int, int]]] = {}
+
+    def __init__(self, weight: torch.Tensor, choice: tuple[str, int, int] | None = None):
+        self.weight = weight.detach()
+        self.form, self.chunk, self.pieces = choice or (
+            self.choose(self.weight) if applies(self.weight) else ("linear", 1, 1))
+        width = self.weight.shape[1] // self.pieces
+        slices = [self.weight] if self.pieces == 1 else \
+            [self.weight[:, i * width:(i + 1) * width].contiguous() for i in range(self.pieces)]
+        self.inner = [Matmul(w, dict.fromkeys(ROWS, self.form)) for w in slices]
+        if any(m.form(1) != self.form for m in self.inner):   # a copy did not fit: F.linear, row by row
+            self.form, self.chunk, self.pieces = "linear", 1, 1
+            self.inner = [Matmul.plain(self.weight)]
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pieces == 1:
+            return self.inner[0](x)
+        width = x.shape[-1] // self.pieces
+        total = self.inner[0](x[..., :width].contiguous()).float()
+        for i in range(1, self.pieces):
+            total = total + self.inner[i](x[..., i * width:(i + 1) * width].contiguous()).float()
+        return total.to(x.dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if rows <= self.chunk:
+            return self.product(x)
+        flat = x.reshape(rows, x.shape[-1])
+        out = torch.cat([self.product(flat[i:i + self.chunk]) for i in range(0, rows, self.chunk)])
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    @classmethod
+    def choose(cls, weight: torch.Tensor) -> tuple[str, int, int]:
+        n_out, n_in = weight.shape
+        key = (f"{n_out}x{n_in}|{weight.dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+               f"|{torch.backends.cpu.get_cpu_capability()}|{machine()}|row-invariant")
+        if key not in cls.measured:
+            path = cache_root() / "matmul.json"
+            saved = read_table(path).get(key)
+            if isinstance(saved, dict) and saved.get("form") in FORMS and saved.get("chunk") in CHUNKS \
+                    and saved.get("pieces") in PIECES:
+                cls.measured[key] = (saved["form"], saved["chunk"], saved["pieces"])
+            else:
+                announce(f"{n_out}x{n_in} {str(weight.dtype).removeprefix('torch.')}")
+                cls.measured[key] = measure_invariant(n_out, n_in, weight.dtype)
+                form, chunk, pieces = cls.measured[key]
+                write_entry(path, key, {"form": form, "chunk": chunk, "pieces": pieces})
+        return cls.measured[key]
+
+
+def measure_invariant(n_out: int, n_in: int, dtype) -> tuple[str, int, int]:
+    """The fewest input pieces with which some form carries 16 rows or more row-invariantly, then the
+    fastest form at that cut."""
+    for pieces in PIECES:
+        if n_in % pieces == 0:
+            chunks = invariant_chunks(n_out, n_in // pieces, dtype)
+            if max(chunks.values()) >= 16:
+                break
+    else:
+        pieces, chunks = 1, invariant_chunks(n_out, n_in, dtype)
+    form, chunk = pick_invariant(time_forms(n_out, n_in // pieces, dtype), chunks)
+    return form, chunk, pieces
+
+
+def invariant_chunks(n_out: int, n_in: int, dtype) -> dict[str, int]:
+    """Per form, the most rows a call may carry with each row's bits those of that row alone."""
+    weight, x = cancelling(n_out, n_in, CHECKED[-1], dtype)
+    run = {"linear": lambda v: F.linear(v, weight)}
+    if packable():
+        packed = pack(weight)
+        run["packed"] = lambda v: packed_product(v, packed)
+    transposed = weight.t().contiguous()
+    run["t"] = lambda v: v @ transposed
+    chunks = {}
+    with torch.inference_mode():
+        for form, product in run.items():
+            alone = torch.cat([product(x[i:i + 1]) for i in range(len(x))])
+            good = [m for m in CHECKED if torch.equal(product(x[:m]), alone[:m])]
+            chunks[form] = next(c for c in CHUNKS if all(m in good for m in CHECKED if m <= c))
+    return chunks
+
+
+def cancelling(n_out: int, n_in: int, rows: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight and rows whose products cancel to ~0 in exact arithmetic (each product meets its negative
+    elsewhere in the row), so whatever a summation order rounds stays in the result: a bf16 output shows
+    two orders apart where random data would round both to the same bits."""
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(n_out, n_in, generator=gen).to(dtype)
+    x = torch.randn(rows, n_in, generator=gen).to(dtype)
+    half = n_in // 2
+    perm = torch.randperm(half, generator=gen)
+    weight[:, half:2 * half] = -weight[:, :half][:, perm]
+    x[:, half:2 * half] = x[:, :half][:, perm]
+    return weight, x
+
+
+def pick_invariant(seconds: dict[str, dict[int, float]], chunks: dict[str, int]) -> tuple[str, int]:
+    """The form whose one-row product plus a 16-row product in chunks costs least; F.linear unless another
+    takes < MARGIN of its time."""
+    def cost(form: str) -> float:
+        c = chunks[form]
+        return seconds[form][1] + -(-16 // c) * seconds[form][min(16, c)]
+    best = min(chunks, key=cost)
+    best = best if cost(best) < MARGIN * cost("linear") else "linear"
+    return best, chunks[best]
+
+
+def machine() -> str:
+    """This host's name: a cache folder shared between machines keeps each one's measurements apart."""
+    import platform
+
+    return platform.node() or "host"
+
+
+def announce(what: str) -> None:
+    """The first run on a machine measures each weight shape once (a second or so each): say so."""
+    import sys
+
+    if sys.stderr.isatty() or os.environ.get("TREEGEN_VERBOSE"):
+        print(f"treegen: measuring the fastest row-invariant matmul for {what} (once per machine)",
+              file=sys.stderr, flush=True)
+
+
+_per_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> id(weight) -> RowMatmul
+
+
+def matmul_for(model, weight: torch.Tensor) -> RowMatmul:
+    """The model's RowMatmul for one of its weights: measured and copied once, kept as long as the model."""
     table = _per_model.setdefault(model, {})
     if id(weight) not in table:
-        table[id(weight)] = Matmul(weight)
+        table[id(weight)] = RowMatmul(weight)
     return table[id(weight)]
 
 

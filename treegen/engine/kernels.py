@@ -1,0 +1,87 @@
+"""The CPU verify forward's compiled attention (row_attention.c), built once per machine with the system's C
+compiler into the cache folder and loaded with ctypes; None where no compiler is found or the build fails,
+and engine/invariant.py's torch path serves instead (the same row invariance, slower)."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from .disk import cache_root
+
+SOURCE = Path(__file__).with_name("row_attention.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math")
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+ARGS = [_ptr, _ptr, _ptr] + [_i64] * 9 + [_ptr, _ptr, _i64, ctypes.c_float, _ptr, ctypes.c_int]
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL | None:
+    """The built kernel, or None (no compiler, a failed build, or TREEGEN_NO_KERNELS set)."""
+    cc = compiler()
+    if cc is None or os.environ.get("TREEGEN_NO_KERNELS"):
+        return None
+    source = SOURCE.read_bytes()
+    tag = hashlib.sha256(source + " ".join((cc, *FLAGS, platform.machine(), cpu_flags())).encode()).hexdigest()[:16]
+    built = cache_root() / "kernels" / f"row_attention-{tag}.so"
+    if not built.exists():
+        built.parent.mkdir(parents=True, exist_ok=True)
+        tmp = built.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE), "-lm"], check=True, capture_output=True,
+                           timeout=120)
+            tmp.replace(built)
+        except (OSError, subprocess.SubprocessError):
+            tmp.unlink(missing_ok=True)
+            return None
+    try:
+        lib = ctypes.CDLL(str(built))
+    except OSError:
+        return None
+    for name in ("attend_f32", "attend_bf16"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = ARGS, None
+    return lib
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags (the build uses -march=native: a copy in a shared home must not cross CPUs)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def usable(q: torch.Tensor, dim: int) -> bool:
+    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16) and dim % 16 == 0
+            and dim <= 512 and library() is not None)
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, own: torch.Tensor,
+           count: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [H, n, D], keys / values [KV, S, D] (the cache with this forward's rows), own [n, m] each row's
+    ancestors then itself (offsets from past), count [n] -> [n, H, D] fp32."""
+    heads, rows, dim = q.shape
+    kv = keys.shape[0]
+    own, count = own.contiguous(), count.contiguous()
+    if keys.stride(-1) != 1 or values.stride() != keys.stride() or q.stride(-1) != 1:
+        keys, values, q = keys.contiguous(), values.contiguous(), q.contiguous()
+    out = torch.empty(rows, heads, dim, dtype=torch.float32)
+    fn = library().attend_bf16 if q.dtype == torch.bfloat16 else library().attend_f32
+    fn(q.data_ptr(), keys.data_ptr(), values.data_ptr(), heads, kv, rows, dim, q.stride(0), q.stride(1),
+       keys.stride(0), keys.stride(1), past, own.data_ptr(), count.data_ptr(), own.shape[1], scale,
+       out.data_ptr(), torch.get_num_threads())
+    return out
