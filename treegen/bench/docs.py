@@ -11,12 +11,19 @@ A document marks what is generated; the text between the markers is replaced, th
                                                      (the current table's row), FIELD a dotted path of the
                                                      row (speedup_vs_ar.median) or vs:OTHER (tokens/s ratio
                                                      in the same file), SPEC a format spec (default .2f)
+    <!-- v PATH - FIELD [SPEC] -->3.4<!-- /v -->        one value from a file of the repository: PATH a .json
+                                                     (FIELD a dotted path; a list is written comma-separated)
+                                                     or a .safetensors (FIELD `parameters`, the tensors' sizes
+                                                     summed); SPEC Mxxx writes the value in millions
 
 docs/ablations/*.md are written whole from docs/benchmarks/pages.yaml (each page's title, text and files).
 """
 from __future__ import annotations
 
+import json
+import math
 import re
+import struct
 import sys
 from pathlib import Path
 
@@ -42,6 +49,44 @@ class Data:
 
     def unused(self) -> list[str]:
         return sorted({b.name for b in self.benches} - P.used_files(self.benches, self.tables, self.pages))
+
+
+# ---- values from the repository's own files (the shipped models' configs, training records, weights) --------
+
+FILES = (".json", ".safetensors")
+
+
+def is_file(source: str) -> bool:
+    return "/" in source and source.endswith(FILES)
+
+
+def parameters(path: Path) -> int:
+    """The number of parameters a .safetensors file holds, from its header."""
+    with path.open("rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+
+
+def file_value(root: Path, source: str, path: str):
+    file = root / source if (root / source).exists() else ROOT / source
+    if not file.exists():
+        raise KeyError(f"no file {source}")
+    if source.endswith(".safetensors"):
+        if path != "parameters":
+            raise KeyError(f"{source}: a .safetensors gives only `parameters`, not {path!r}")
+        return parameters(file)
+    value = json.loads(file.read_text(encoding="utf-8"))
+    for part in path.split("."):
+        value = value[int(part)] if isinstance(value, list) else value[part]
+    return value
+
+
+def formatted(value, spec: str) -> str:
+    if isinstance(value, list):
+        return ", ".join(formatted(v, spec) for v in value)
+    if spec.startswith("M"):
+        return format(value / 1e6, spec[1:])
+    return format(value, spec)
 
 
 # ---- markdown pieces -------------------------------------------------------------------------------------
@@ -102,11 +147,11 @@ def current_table(key: tuple, rows: list[P.Row], prefix: str = "") -> str:
     return "\n".join([f"### {title(key)}", "", md_table([*HEAD, "run"], body), "", *legend, *note])
 
 
-PAIR_TITLES = {"demo": "The demo pair (12.6M Qwen3 code target + its DFlash drafter)",
+PAIR_TITLES = {"demo": "The demo pair (a small Qwen3 code target + its DFlash drafter)",
                "smollm2": "The SmolLM2 pair (SmolLM2-135M-Instruct + drafters trained on its replies)"}
 
 
-def current_tables(data: Data, _arg: str | None) -> str:
+def current_tables(data: Data, _arg: str | None, _prefix: str) -> str:
     out, pair = [], None
     for key, rows in data.tables.items():
         if key[0] != pair:
@@ -116,24 +161,24 @@ def current_tables(data: Data, _arg: str | None) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def ablation_index(data: Data, _arg: str | None) -> str:
+def ablation_index(data: Data, _arg: str | None, _prefix: str) -> str:
     return "\n".join(f"- [{p['title']}](ablations/{p['page']}.md)" for p in data.pages) + "\n"
 
 
-def acceptance(data: Data, arg: str | None) -> str:
+def acceptance(data: Data, arg: str | None, prefix: str) -> str:
     """Tokens per round and tree size of every drafting method on one current table."""
     pair, name, temperature = arg.split("/")
     key = (pair, name, float(temperature.lstrip("T")))
     rows = [r for r in data.tables[key] if r.m.get("kind") != P.PEER and r.m.get("method") not in ("ar",)]
     body = [[f"`{r.label}`", num(r.m.get("mean_accepted_length")), num(r.m.get("mean_tree_size"), ".1f"),
-             r.bench.identity(r.label), link(r.bench, "docs/")] for r in rows]
+             r.bench.identity(r.label), link(r.bench, prefix)] for r in rows]
     return md_table(["method", "tokens/round", "tree", "= ar", "JSON"], body) + "\n"
 
 
 SPEED_SETS = ("thirdparty-code", "prose", "stdlib-heldout")
 
 
-def speed_summary(data: Data, arg: str | None) -> str:
+def speed_summary(data: Data, arg: str | None, prefix: str) -> str:
     """Where the demo pair's speed at T=0 comes from: the engine (ar vs transformers' generate), prompt lookup
     (pld vs ar), the trees alone (treeflash-auto vs ar) and on top of lookup (treeflash-lookup vs pld)."""
     body = []
@@ -144,13 +189,13 @@ def speed_summary(data: Data, arg: str | None) -> str:
         pairs = (("ar", "hf-generate"), ("pld", "ar"), ("treeflash-auto", "ar"), ("treeflash-lookup", "pld"),
                  ("treeflash-lookup", "ar"), ("treeflash-lookup", "hf-pld"))
         ratios = [num(P.field(P.Row(label, row.bench), f"vs:{other}")) + "x" for label, other in pairs]
-        body.append([name, *ratios, link(row.bench, "docs/")])
+        body.append([name, *ratios, link(row.bench, prefix)])
     head = ["prompts", "engine: ar / hf-generate", "lookup: pld / ar", "trees: treeflash-auto / ar",
             "trees on lookup: treeflash-lookup / pld", "treeflash-lookup / ar", "treeflash-lookup / hf-pld", "JSON"]
     return md_table(head, body) + "\n"
 
 
-def import_graph(data: Data, _arg: str | None) -> str:
+def import_graph(data: Data, _arg: str | None, _prefix: str) -> str:
     from .imports import markdown, module_graph
 
     return "```\n" + markdown(module_graph(data.root / "treegen")) + "```\n"
@@ -163,18 +208,23 @@ BLOCKS = {"current-tables": current_tables, "ablation-index": ablation_index, "a
 # ---- documents -------------------------------------------------------------------------------------------
 
 def fill(text: str, data: Data, where: str) -> str:
+    """`where` is the document's name: README.md links docs/benchmarks/..., a page in docs/ benchmarks/..."""
+    prefix = "docs/" if where == "README.md" else ""
+
     def block(m: re.Match) -> str:
         name, arg = m.group(2), m.group(3)
         if name not in BLOCKS:
             raise ValueError(f"{where}: unknown generated block {name!r}; known: {', '.join(BLOCKS)}")
-        return m.group(1) + BLOCKS[name](data, arg) + m.group(5)
+        return m.group(1) + BLOCKS[name](data, arg, prefix) + m.group(5)
 
     def value(m: re.Match) -> str:
         source, label, path, spec = m.group(2), m.group(3), m.group(4), m.group(5) or ".2f"
         try:
+            if is_file(source):
+                return m.group(1) + formatted(file_value(data.root, source, path), spec) + m.group(7)
             row = P.lookup(data.benches, data.tables, source, label)
             return m.group(1) + format(P.field(row, path), spec) + m.group(7)
-        except (KeyError, ValueError, TypeError) as err:
+        except (KeyError, ValueError, TypeError, IndexError) as err:
             raise ValueError(f"{where}: {m.group(1)}: {err}") from None
 
     return VALUE.sub(value, BLOCK.sub(block, text))
