@@ -52,6 +52,25 @@ def test_a_resize_redraws_the_status_row_only():
     assert raw.count("\x1b[J") == 1 and raw.count("\x1b[1;5r") == 2
 
 
+def test_no_status_is_drawn_at_the_right_margin():
+    """There a terminal holds a pending wrap that a cursor save/restore loses: the next character would
+    overwrite the row's last one."""
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system=None, width=10, height=6)
+    view = LiveView(console)
+    stream = chunks(["x" * 10, "\u4e2d" * 5, "\t\tab", "y" * 4, ""])
+    view.update(next(stream))
+    view.shown = 0.0
+    assert out.getvalue().endswith("x" * 10)               # a full row: no status after it
+    view.update(next(stream))
+    assert out.getvalue().endswith("\u4e2d" * 5)            # two full rows of wide characters: none either
+    view.update(next(stream))
+    assert out.getvalue().endswith("\x1b8")                 # 18 cells: the status comes
+    for chunk in stream:
+        view.update(chunk)
+    view.close()
+
+
 def test_status_line_keeps_tokens_per_second_first():
     *_, last = chunks(["a", "bc", "de"])
     wide, narrow = status_line(last, 80), status_line(last, 30)

@@ -58,6 +58,7 @@ class LiveView:
         self.console, self.out = console, console.file
         self.color = console.color_system is not None and not console.no_color
         self.shown, self.tinted, self.last, self.closed = 0.0, 0, "", False
+        self.cells = 0   # terminal cells the current line has taken so far
         self.rows = console.height if console.height >= 3 else 0   # 0: no status row
         self.resized, self.saved_winch = False, None
         if self.rows:
@@ -71,8 +72,12 @@ class LiveView:
             self._write(f"\x1b[{code}m{text}\x1b[0m" if self.color else text)
             self.tinted += 1
             self.last = text[-1]
+            self.cells = line_cells(text, self.cells)
         now = time.perf_counter()
-        if self.rows and (chunk.finish or self.resized or now - self.shown >= REFRESH_S):
+        # at the right margin the terminal holds a pending wrap, which a cursor save/restore loses (the next
+        # character would overwrite the last one): the status waits for the next round there
+        at_margin = self.cells > 0 and self.cells % max(self.console.width, 1) == 0
+        if self.rows and not at_margin and (chunk.finish or self.resized or now - self.shown >= REFRESH_S):
             self.shown = now
             if self.resized:
                 self._resize()
@@ -122,6 +127,20 @@ class LiveView:
             signal.signal(signal.SIGWINCH, self.saved_winch or signal.SIG_DFL)
             self._write(f"\x1b7\x1b[r\x1b[{self.rows};1H\x1b[2K\x1b8")
         self._write("" if self.last in ("", "\n") else "\n")
+
+
+def line_cells(text: str, cells: int) -> int:
+    """The cells the current line takes after `text` (tabs to the next multiple of 8, wide characters 2)."""
+    from rich.cells import get_character_cell_size
+
+    for ch in text:
+        if ch == "\n":
+            cells = 0
+        elif ch == "\t":
+            cells += 8 - cells % 8
+        else:
+            cells += get_character_cell_size(ch)
+    return cells
 
 
 @contextmanager
