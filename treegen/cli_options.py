@@ -344,15 +344,22 @@ def pair_of_name(target: str) -> str | None:
     return None
 
 
+def cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def setup(kw: dict):
     """(config, generator) from the flags: everything cheap is checked before the model loads."""
     if kw.get("load_in_4bit") and kw.get("load_in_8bit"):
         raise click.UsageError("--load-in-4bit and --load-in-8bit: choose one")
     cfg = drawn_seed(checked_config(with_default_pair(kw)), kw)
-    if kw.get("threads"):
-        import torch
+    from .engine import threads
 
-        torch.set_num_threads(kw["threads"])
+    busy = threads.choose(kw.get("threads"), "cuda" if kw.get("device", "auto") != "cpu" and cuda() else "cpu")
+    if busy:
+        notice(busy, kw["quiet"])
     if kw.get("verbose"):
         notice(describe(cfg, kw), kw["quiet"])
     t0 = time.perf_counter()

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from .disk import cache_root, read_table, write_entry
-from .matmul import Matmul
+from .disk import LoadWatch, cache_root, keep_if_quiet, read_table
+from .matmul import RowMatmul, machine, say
 from .tree import DraftTree, drawn_shape, widths
 
 MEASURED_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -97,8 +97,10 @@ def cost_key(model) -> str:
 
     step = TargetStep(model)   # what one verify forward computes (engine/target.py)
     step = ("lazy" if step.lazy else "eager") + ("+fast" if step.fast is not None else "") + \
-        ("+mm" if isinstance(step.head, Matmul) else "")
-    return f"{name}|{model.dtype}|{model.device}|threads={torch.get_num_threads()}|torch={torch.__version__}|{step}"
+        ("+mm" if isinstance(step.head, RowMatmul) else "")
+    device = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else machine()
+    return (f"{name}|{model.dtype}|{model.device}|{device}|threads={torch.get_num_threads()}"
+            f"|torch={torch.__version__}|{step}+invariant")
 
 
 def verify_cost(model, path: Path | None = None) -> VerifyCost:
@@ -109,8 +111,12 @@ def verify_cost(model, path: Path | None = None) -> VerifyCost:
         cached = VerifyCost(tuple(entry["rows"]), tuple(entry["seconds"]))
         if cached.plausible:
             return cached
-    cost = VerifyCost.measure(model)
-    write_entry(path, key, {"rows": list(cost.rows), "seconds": list(cost.seconds)})
+    say("measuring the target's forward time per tree size for budget: auto (once per machine and setting)")
+    t0 = time.perf_counter()
+    with LoadWatch() as watch:
+        cost = VerifyCost.measure(model)
+    say(f"measured in {time.perf_counter() - t0:.1f} s; kept in {path}")
+    keep_if_quiet(watch, path, key, {"rows": list(cost.rows), "seconds": list(cost.seconds)}, "the verify cost")
     return cost
 
 

@@ -1,10 +1,18 @@
 """Measurements of this machine kept on disk between runs: one JSON table per kind, in the cache folder
-($TREEGEN_CACHE, $XDG_CACHE_HOME/treegen or ~/.cache/treegen). Delete a file to measure again."""
+($TREEGEN_CACHE, $XDG_CACHE_HOME/treegen or ~/.cache/treegen). Delete a file to measure again.
+
+A measurement is kept only if the machine was quiet while it ran (LoadWatch): on a busy machine OpenMP's
+threads wait for cores other work holds, and a table written then would slow every later run."""
 from __future__ import annotations
 
 import json
 import os
+import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
+
+BUSY_SHARE = 0.15   # other processes' share of the machine above which a measurement is not kept
 
 
 def cache_root() -> Path:
@@ -21,14 +29,87 @@ def read_table(path: Path) -> dict:
     return table if isinstance(table, dict) else {}
 
 
-def write_entry(path: Path, key: str, value) -> None:
-    """table[key] = value, written atomically: two processes measuring at once never leave a half file."""
-    table = read_table(path)
-    table[key] = value
+@contextmanager
+def locked(path: Path):
+    """An exclusive lock beside the table (fcntl; none where it does not exist): two processes writing the
+    table at once each add their entry, neither loses the other's."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(table, indent=1))
-        tmp.replace(path)
+        import fcntl
+    except ImportError:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(path.suffix + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def write_entry(path: Path, key: str, value) -> None:
+    """table[key] = value: read, changed and replaced atomically under the table's lock."""
+    try:
+        with locked(path):
+            table = read_table(path)
+            table[key] = value
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=1))
+            tmp.replace(path)
     except OSError:
         pass  # a read-only cache only costs a measurement next time
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """(every process's CPU seconds, this process's), from /proc; None where there is no /proc."""
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = sum(int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:4])
+        own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        return total / ticks, (int(own[11]) + int(own[12])) / ticks
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class LoadWatch:
+    """Other processes' share of the machine's CPU while a block runs (Linux /proc; 0 elsewhere)."""
+
+    def __enter__(self) -> LoadWatch:
+        self.start, self.t0, self.share = cpu_seconds(), time.perf_counter(), 0.0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = cpu_seconds()
+        if self.start is None or end is None:
+            return
+        wall = time.perf_counter() - self.t0
+        others = (end[0] - self.start[0]) - (end[1] - self.start[1])
+        self.share = max(others, 0.0) / max(wall * (os.cpu_count() or 1), 1e-9)
+
+    @property
+    def busy(self) -> bool:
+        return self.share > BUSY_SHARE
+
+
+def keep_if_quiet(watch: LoadWatch, path: Path, key: str, value, what: str) -> None:
+    """Write the measurement unless the machine was busy while it ran; then say so, once per kind."""
+    if not watch.busy:
+        write_entry(path, key, value)
+        return
+    if what not in _told:
+        _told.add(what)
+        print(f"treegen: other processes used {watch.share:.0%} of the CPU while measuring {what}; "
+              "this run uses it, but it is not kept (it is measured again next time)", file=sys.stderr)
+
+
+_told: set[str] = set()
+
+
+def busy_cores(seconds: float = 0.2) -> float:
+    """Cores other processes keep busy now (a short sample; 0 where there is no /proc)."""
+    start = cpu_seconds()
+    time.sleep(seconds)
+    end = cpu_seconds()
+    if start is None or end is None:
+        return 0.0
+    return max((end[0] - start[0]) - (end[1] - start[1]), 0.0) / seconds

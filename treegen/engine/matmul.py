@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from .disk import cache_root, read_table, write_entry
+from .disk import LoadWatch, cache_root, keep_if_quiet, read_table, write_entry
 
 FORMS = ("linear", "packed", "t", "swapped")
 ROWS = (1, 2, 4, 8, 16, 32, 64)     # measured row counts; a count uses the form of the next measured one up
@@ -108,8 +108,9 @@ class Matmul:
             if isinstance(saved, dict) and set(saved) == {str(n) for n in ROWS} and set(saved.values()) <= set(FORMS):
                 cls.measured[key] = {int(n): f for n, f in saved.items()}
             else:
-                cls.measured[key] = pick(time_forms(n_out, n_in, weight.dtype))
-                write_entry(path, key, {str(n): f for n, f in cls.measured[key].items()})
+                with LoadWatch() as watch:
+                    cls.measured[key] = pick(time_forms(n_out, n_in, weight.dtype))
+                keep_if_quiet(watch, path, key, {str(n): f for n, f in cls.measured[key].items()}, "matmul layouts")
         return cls.measured[key]
 
 
@@ -207,9 +208,10 @@ class RowMatmul:
                 cls.measured[key] = (saved["form"], saved["chunk"], saved["pieces"])
             else:
                 announce(f"{n_out}x{n_in} {str(weight.dtype).removeprefix('torch.')}")
-                cls.measured[key] = measure_invariant(n_out, n_in, weight.dtype)
+                with LoadWatch() as watch:
+                    cls.measured[key] = measure_invariant(n_out, n_in, weight.dtype)
                 form, chunk, pieces = cls.measured[key]
-                write_entry(path, key, {"form": form, "chunk": chunk, "pieces": pieces})
+                keep_if_quiet(watch, path, key, {"form": form, "chunk": chunk, "pieces": pieces}, "matmul layouts")
         return cls.measured[key]
 
 
@@ -279,11 +281,15 @@ def machine() -> str:
 
 def announce(what: str) -> None:
     """The first run on a machine measures each weight shape once (a second or so each): say so."""
+    say(f"measuring the fastest row-invariant matmul for {what} (once per machine)")
+
+
+def say(text: str) -> None:
+    """A progress line on a terminal (or with TREEGEN_VERBOSE): what a first run spends its seconds on."""
     import sys
 
     if sys.stderr.isatty() or os.environ.get("TREEGEN_VERBOSE"):
-        print(f"treegen: measuring the fastest row-invariant matmul for {what} (once per machine)",
-              file=sys.stderr, flush=True)
+        print(f"treegen: {text}", file=sys.stderr, flush=True)
 
 
 _per_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> id(weight) -> RowMatmul

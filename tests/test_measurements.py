@@ -1,0 +1,76 @@
+"""The measurement tables (engine/disk.py): writers in several processes lose no entry; a measurement taken
+while other processes held the CPU is used but not kept; a run on a busy machine takes the free cores only
+(engine/threads.py)."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from treegen.engine import disk, threads
+
+
+def write_many(path: str, prefix: str, count: int) -> None:
+    for i in range(count):
+        disk.write_entry(disk.Path(path), f"{prefix}{i}", i)
+
+
+def test_writers_in_several_processes_lose_no_entry(tmp_path):
+    path = tmp_path / "table.json"
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=write_many, args=(str(path), f"p{w}-", 40)) for w in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert len(disk.read_table(path)) == 120
+
+
+def hog(seconds: float) -> subprocess.Popen:
+    """A bounded busy loop on every core (it stops by itself)."""
+    code = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(os.cpu_count() or 1)]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc")
+def test_a_measurement_on_a_busy_machine_is_not_kept(tmp_path, capsys):
+    path = tmp_path / "table.json"
+    procs = hog(3.0)
+    try:
+        time.sleep(0.3)
+        with disk.LoadWatch() as watch:
+            time.sleep(0.5)   # a measurement that waits while the others run
+    finally:
+        for p in procs:
+            p.wait()
+    assert watch.busy
+    disk.keep_if_quiet(watch, path, "key", 1, "a test table")
+    assert disk.read_table(path) == {}
+    assert "not kept" in capsys.readouterr().err
+    with disk.LoadWatch() as quiet:
+        pass
+    quiet.share = 0.0
+    disk.keep_if_quiet(quiet, path, "key", 1, "a test table")
+    assert disk.read_table(path) == {"key": 1}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc")
+def test_a_busy_machine_gets_fewer_threads(monkeypatch):
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(threads, "busy_cores", lambda: 64.0)
+        line = threads.choose(None)
+        assert torch.get_num_threads() == 1
+        assert line is None or "--threads" in line
+        assert threads.choose(3) is None and torch.get_num_threads() == 3   # asked for: kept
+        monkeypatch.setattr(threads, "busy_cores", lambda: 0.0)
+        assert threads.choose(None, "cuda") is None                        # not a CPU run: untouched
+    finally:
+        torch.set_num_threads(before)
