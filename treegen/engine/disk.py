@@ -74,7 +74,7 @@ def cpu_seconds() -> tuple[float, float] | None:
 class LoadWatch:
     """Other processes' share of the machine's CPU while a block runs (Linux /proc; 0 elsewhere)."""
 
-    def __enter__(self) -> LoadWatch:
+    def __enter__(self):
         self.start, self.t0, self.share = cpu_seconds(), time.perf_counter(), 0.0
         return self
 

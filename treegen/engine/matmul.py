@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from .disk import LoadWatch, cache_root, keep_if_quiet, read_table, write_entry
+from .disk import LoadWatch, cache_root, keep_if_quiet, read_table
 
 FORMS = ("linear", "packed", "t", "swapped")
 ROWS = (1, 2, 4, 8, 16, 32, 64)     # measured row counts; a count uses the form of the next measured one up
