@@ -97,7 +97,7 @@ def plain_rows(q, keys, values, past: int, seen: torch.Tensor, scale: float) -> 
     return torch.cat(rows, dim=2)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def invariant_kernels(dtype: torch.dtype, groups: int, dim: int, threads: int) -> bool:
     """Whether row_attention over many rows gives each row the bits plain_rows gives it, for this dtype,
     grouping and thread count (checked once on random data: a kernel's summation order depends on shapes)."""
