@@ -6,11 +6,13 @@ import torch
 
 from ..engine.drafter import BuildClock
 from ..engine.matmul import tune_linears
+from ..engine.prefill import input_device
 from ..engine.tree import DraftTree
 from ..models.checkpoint import check_fits, load_dflash
 from ..models.dflash import ContextKV, DFlashDrafter
 from . import defaults as D
 from .base import DraftState, sampled_chain
+from .precision import embedding_on, head_on
 
 
 class DFlashBlock:
@@ -28,22 +30,24 @@ class DFlashBlock:
     def target_layer_ids(self) -> tuple[int, ...]:
         return self.model.config.target_layer_ids
 
+    @property
+    def device(self) -> torch.device:
+        """Where the drafter runs: where load_block put it, the device of the target's input embedding,
+        where the engine gathers the target's features too (engine/prefill.py)."""
+        return self.model.fc.weight.device
+
     def cast(self, dtype: torch.dtype, like: DFlashBlock | None = None) -> None:
-        """The drafter in `dtype`, with its own copies of the target's embedding and lm_head (the target
-        keeps its weights); `like`: a block already cast whose copies to share. Then its matmuls tuned."""
+        """The drafter in `dtype`, reading the target's embedding and lm_head on its own device in `dtype`:
+        the target's weights where they are so, else copies (another dtype, another GPU of a device map,
+        offloaded: drafters/precision.py); the target keeps its modules and their device hooks. `like`: a
+        block already cast whose embedding and lm_head to share. Then its matmuls tuned."""
         self.model.to(dtype)
         if like is not None:   # already in `dtype`, its lm_head its own (and tuned) whatever the dtype
             self.embed, self.lm_head = like.embed, like.lm_head
-        elif self.embed.weight.dtype != dtype:
-            if type(self.lm_head) is not torch.nn.Linear or self.lm_head.bias is not None:
-                raise ValueError(f"a drafter dtype other than the target's needs a plain lm_head, not "
-                                 f"{type(self.lm_head).__name__}")
+        else:
             tied = self.lm_head.weight is self.embed.weight
-            self.embed = torch.nn.Embedding.from_pretrained(self.embed.weight.detach().to(dtype))
-            weight = self.embed.weight if tied else torch.nn.Parameter(self.lm_head.weight.detach().to(dtype), False)
-            self.lm_head = own_linear(weight)
-        elif type(self.lm_head) is torch.nn.Linear and self.lm_head.bias is None:
-            self.lm_head = own_linear(self.lm_head.weight)   # the target's weight, not its module
+            self.embed = embedding_on(self.embed, self.device, dtype)
+            self.lm_head = head_on(self.lm_head, self.device, dtype, self.embed.weight if tied else None)
         tune_linears(self.model, self.lm_head)
 
     def begin(self, features: torch.Tensor) -> None:
@@ -56,7 +60,7 @@ class DFlashBlock:
     def hidden(self, anchor: int, normed: bool = True) -> torch.Tensor:
         """[B, H] drafter states of the block [anchor, MASK...]; folds the pending context into the cache.
         normed=False: before the drafter's final norm."""
-        ids = torch.full((1, self.block_size), self.model.config.mask_token_id, device=self.embed.weight.device)
+        ids = torch.full((1, self.block_size), self.model.config.mask_token_id, device=self.device)
         ids[0, 0] = anchor
         return self.run(ids, normed)[0]
 
@@ -65,32 +69,25 @@ class DFlashBlock:
         batch-1 pass of P*L queries: each block sees the whole context (cached once) and itself only, so
         P branches share the context K/V without copying it. Folds the pending context into the cache."""
         n, length = blocks.shape
-        device, past = self.embed.weight.device, self.cache.length
-        new = self.pending if self.pending is not None else self.embed.weight.new_zeros(0, self.model.fc.in_features)
+        device, past, fc = self.device, self.cache.length, self.model.fc.weight
+        new = self.pending if self.pending is not None else fc.new_zeros(0, fc.shape[1])
         start = past + new.shape[0]  # the anchor's position: context is every committed token before it
         block_pos = torch.arange(start, start + length, device=device).repeat(n)[None]
         ctx_pos = torch.arange(past, start, device=device)[None]
-        ctx = self.model.project_context(new.to(self.embed.weight.dtype))[None]
+        ctx = self.model.project_context(new.to(device=device, dtype=fc.dtype))[None]
         mask = None
         if n > 1:  # block-diagonal over the branches, all of the context
             branch = torch.arange(n, device=device).repeat_interleave(length)
             mask = torch.cat([torch.ones(n * length, start, dtype=torch.bool, device=device),
                               branch[:, None] == branch[None, :]], dim=1)[None, None]
-        out = self.model(self.embed(blocks.reshape(1, -1)), block_pos, ctx, ctx_pos, self.cache, mask, normed)
+        embedded = self.embed(blocks.reshape(1, -1)).to(device)   # a target's embedding hook may move it
+        out = self.model(embedded, block_pos, ctx, ctx_pos, self.cache, mask, normed)
         self.pending = None
         return out.view(n, length, -1)
 
     def marginal_logits(self, anchor: int, depth: int) -> torch.Tensor:
         """[depth, V] logits of block positions 1..depth, each conditioned on the context only."""
         return self.lm_head(self.hidden(anchor)[1:1 + depth]).float()
-
-
-def own_linear(weight: torch.nn.Parameter) -> torch.nn.Linear:
-    """A bias-free Linear of the drafter's own over `weight` (shared, not copied): tuning its forward
-    (engine/matmul.py) must never touch a module of the target's."""
-    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
-    linear.weight = weight
-    return linear
 
 
 class BlockDrafter(BuildClock):
@@ -159,8 +156,9 @@ class DFlashChainDrafter(BlockDrafter):
 
 
 def load_block(target, drafter_path: str) -> DFlashBlock:
-    """Load a z-lab-layout drafter in the target's dtype and device, refusing one that does not fit."""
+    """Load a z-lab-layout drafter in the target's dtype, on its input device (engine/prefill.py: where the
+    engine gathers the features the drafter reads), refusing one that does not fit."""
     weight = target.get_input_embeddings().weight
-    model = load_dflash(drafter_path, dtype=weight.dtype, device=weight.device)
+    model = load_dflash(drafter_path, dtype=weight.dtype, device=input_device(target))
     check_fits(model.config, target)
     return DFlashBlock(model, target)

@@ -1,4 +1,5 @@
-"""The drafter's compute precision (the `dtype` option of every method with a drafter).
+"""The drafter's compute precision (the `dtype` option of every method with a drafter), and the target's
+embedding and lm_head placed where the drafter reads them.
 
 Drafts only propose: verification runs the target at its own precision, so a drafter in another dtype
 changes what is drafted, never what is generated (T=0 output equals the target's greedy output; at T > 0
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..engine.prefill import input_device
 from ..loading import DTYPES
 from . import defaults as D
 
@@ -22,6 +24,61 @@ def draft_dtype(name: str, target) -> torch.dtype:
     weight = target.get_input_embeddings().weight
     if name != D.DTYPE:
         return DTYPES[name]
-    if weight.device.type == "cpu" and weight.dtype == torch.float32 and native_bf16():
+    if input_device(target).type == "cpu" and weight.dtype == torch.float32 and native_bf16():
         return torch.bfloat16
     return weight.dtype
+
+
+# -- the target's embedding and lm_head as the drafter reads them (its own device and dtype) ---------------
+
+def weight_of(module) -> torch.Tensor:
+    """The module's weight, read from accelerate's offload map when it is not in memory (on meta)."""
+    weight = module.weight
+    if weight.device.type != "meta":
+        return weight.detach()
+    offloaded = getattr(getattr(module, "_hf_hook", None), "weights_map", None)
+    if offloaded is None:
+        raise ValueError(f"the target's {type(module).__name__} has no weight in memory (meta) and no offload map")
+    return offloaded["weight"]
+
+
+def resident(module, device: torch.device, dtype: torch.dtype) -> bool:
+    """The module's weight is in memory on `device` in `dtype`: the drafter can read it as it is."""
+    return module.weight.device == device and module.weight.dtype == dtype
+
+
+def plain_head(module) -> bool:
+    return type(module) is torch.nn.Linear and module.bias is None
+
+
+def embedding_on(embed, device: torch.device, dtype: torch.dtype):
+    """The target's embedding where the drafter can use it as it is (its hooks kept), else a frozen copy on
+    the drafter's device in its dtype (another GPU of a device map, offloaded, or another dtype)."""
+    if resident(embed, device, dtype):
+        return embed
+    return torch.nn.Embedding.from_pretrained(weight_of(embed).to(device=device, dtype=dtype))
+
+
+def head_on(lm_head, device: torch.device, dtype: torch.dtype, tied: torch.Tensor | None = None):
+    """The drafter's lm_head: a bias-free Linear of its own over the target's weight where that is resident
+    (shared, not copied: tuning it never touches the target's module), over `tied` (the drafter's embedding
+    weight, for a tied target), else over a copy on the drafter's device in its dtype. Drafters read the
+    weight's rows directly (drafters/treeflash.py), so it must be where they run, not behind a device hook."""
+    if not plain_head(lm_head):
+        if resident(lm_head, device, dtype):
+            return lm_head   # the target's own module, hooks and all
+        raise ValueError(f"a drafter on another device or dtype than the target's lm_head needs a plain lm_head "
+                         f"(a bias-free Linear), not {type(lm_head).__name__}")
+    if tied is not None:
+        return own_linear(tied)
+    if resident(lm_head, device, dtype):
+        return own_linear(lm_head.weight)
+    return own_linear(torch.nn.Parameter(weight_of(lm_head).to(device=device, dtype=dtype), requires_grad=False))
+
+
+def own_linear(weight: torch.Tensor) -> torch.nn.Linear:
+    """A bias-free Linear of the drafter's own over `weight` (shared, not copied): tuning its forward
+    (engine/matmul.py) must never touch a module of the target's."""
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    linear.weight = weight if isinstance(weight, torch.nn.Parameter) else torch.nn.Parameter(weight, False)
+    return linear

@@ -15,7 +15,7 @@ import torch
 from .budget import AutoBudget, VerifyCost
 from .cache import check_compactable, compact, new_cache
 from .drafter import Drafter, DraftState, sync
-from .prefill import DEFAULT_CHUNK
+from .prefill import DEFAULT_CHUNK, input_device
 from .prefix import PrefixCache
 from .sampling import Sampler
 from .target import Logits, TargetStep
@@ -202,7 +202,7 @@ def generate(model, drafter: Drafter, prompt_ids: torch.Tensor, config: Generati
              prefix: PrefixCache | None = None) -> Iterator[Round]:
     """Yield one Round per target forward until EOS, max_new_tokens or the context limit. `prefix`: start
     from the cache rows it holds for this prompt's first tokens, and leave this generation's there."""
-    prompt = prompt_ids.flatten().long().to(model.device)
+    prompt = prompt_ids.flatten().long().to(input_device(model))   # a device map's first device, not meta
     if prompt.numel() == 0:
         raise ValueError("the prompt is empty: give at least one token")
     limit = config.context_length

@@ -43,6 +43,11 @@ def input_device(model) -> torch.device:
     return embed.weight.device if device is None else torch.device(device)
 
 
+def in_memory(model) -> bool:
+    """Every weight in memory: none offloaded by accelerate (kept on meta, loaded by a hook per call)."""
+    return all(p.device.type != "meta" for p in model.parameters())
+
+
 def keeps_logits(model) -> bool:
     """The model's forward takes `logits_to_keep` (transformers' causal LMs do)."""
     try:

@@ -16,10 +16,9 @@ from typing import ClassVar
 
 import torch
 
-from . import fast_decoder
+from . import fast_decoder, prefill
 from .fast_decoder import plain_linear
 from .matmul import matmul_for
-from .prefill import DEFAULT_CHUNK, decoder_rows, features, hidden_selection, input_device, model_rows, run_chunks
 
 # config fields of architectures whose logits are not just lm_head(hidden): those keep the model's forward
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -79,12 +78,13 @@ class TargetStep:
     """Runs the target over rows with a cache; returns their Logits and the requested layers' features."""
 
     def __init__(self, model, layer_ids: tuple[int, ...] = (), lazy: bool | None = None,
-                 prefill_chunk: int = DEFAULT_CHUNK):
+                 prefill_chunk: int = prefill.DEFAULT_CHUNK):
         self.model, self.layer_ids = model, tuple(layer_ids)
-        self.prefill_chunk, self.feature_device = prefill_chunk, input_device(model)   # engine/prefill.py
+        self.prefill_chunk, self.feature_device = prefill_chunk, prefill.input_device(model)   # engine/prefill.py
         if lazy is None:
             lazy = model.device.type == "cpu"
-        self.lazy = lazy and lazy_logits_supported(model)
+        # the lean paths read weights directly: none may be offloaded behind a device hook (on meta)
+        self.lazy = lazy and lazy_logits_supported(model) and prefill.in_memory(model)
         self.head = self.projection = None
         if self.lazy:
             head = model.get_output_embeddings()
@@ -96,7 +96,7 @@ class TargetStep:
         if mask is None:   # the prompt (causal): in chunks, its last row's logits only (engine/prefill.py)
             return self.prefill(ids, positions, cache)
         args = {"input_ids": ids, "position_ids": positions, "attention_mask": mask, "cache": cache,
-                "use_cache": True, "output_hidden_states": hidden_selection(self.layer_ids)}
+                "use_cache": True, "output_hidden_states": prefill.hidden_selection(self.layer_ids)}
         if not self.lazy:
             out = self.model(**args)
             logits, hidden = Logits(None, full=out.logits[0]), out.hidden_states
@@ -108,13 +108,13 @@ class TargetStep:
                 last, hidden = out.last_hidden_state, out.hidden_states
             logits = Logits(last[0], self.head)
             self.projection.prepare(logits)
-        return logits, features(hidden, self.layer_ids, self.feature_device)
+        return logits, prefill.features(hidden, self.layer_ids, self.feature_device)
 
     def prefill(self, ids, positions, cache) -> tuple[Logits, torch.Tensor | None]:
         """The prompt's forward: Logits of its last row alone, and the requested layers of every row."""
-        forward = decoder_rows(self.model) if self.lazy else model_rows(self.model)
-        last, feats = run_chunks(forward, ids, positions, cache, self.layer_ids, self.prefill_chunk,
-                                 self.feature_device)
+        forward = prefill.decoder_rows(self.model) if self.lazy else prefill.model_rows(self.model)
+        last, feats = prefill.run_chunks(forward, ids, positions, cache, self.layer_ids, self.prefill_chunk,
+                                         self.feature_device)
         if not self.lazy:
             return Logits(None, full=last), feats
         logits = Logits(last, self.head)
