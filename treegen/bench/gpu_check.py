@@ -1,11 +1,14 @@
-"""A prepared one-shot GPU check on random weights (no downloads): the target's verify-forward time by tree
-rows after a 512-token prefill, and every method's per-round draft / build / verify time, on a Qwen3-8B-shaped
-target with random drafters of every kind written in their published layouts.
+"""A prepared one-shot GPU check (no downloads), one line per check on stdout (PASS / FAIL / SKIP / TIME):
+every method's output = ar's at T=0 on the shipped demo pair, on the device in fp32 and bf16 (and with a 4-bit
+target); then, on a Qwen3-8B-shaped target with random drafters of every kind in their published layouts, the
+verify-forward time by tree rows after a 512-token prefill, and every method's per-round draft / build / verify
+time (the 4-bit target's verify times too).
 
-    python -m treegen.bench.gpu_check --out DIR [--shape qwen3-8b|tiny] [--budget-s 480]
+    python -m treegen.bench.gpu_check --out DIR [--shape qwen3-8b|tiny] [--budget-s 480] [--tau-from JSON]
 
-writes DIR/gpu-check.json (every raw timing) and DIR/gpu-check.md (tables, and a PROJECTED speedup per method from
-the demo pair's acceptance on CPU: random weights accept nothing). Steps that would pass the budget are skipped.
+writes DIR/gpu-check.json (every check and raw timing) and DIR/gpu-check.md (tables; with --tau-from, a bench
+JSON such as docs/benchmarks/*.json, a PROJECTED speedup per method from its acceptance: random weights accept
+nothing). Steps that would pass the budget are skipped. Exits 1 when an exactness check fails.
 """
 from __future__ import annotations
 
@@ -24,11 +27,9 @@ import torch
 
 ROWS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 PROMPT_TOKENS, NEW_TOKENS, WARMUP_TOKENS, BLOCK = 512, 32, 4, 16
-# acceptance length per round (tokens committed per target forward) of the demo pair on CPU, thirdparty-code, T=0
-CPU_TAU = {"ar": 1.0, "pld": 3.39, "dflash": 2.58, "ddtree": 4.30, "treeflash": 6.96, "domino": 3.52,
-           "dartree": 5.55, "d2sd": 3.12}
-TAU_SOURCE = "demo pair on CPU (thirdparty-code prompts, T=0); a projection, not a GPU measurement"
+EXACT_PROMPTS, EXACT_TOKENS = 4, 48   # demo-pair prompts (thirdparty-code) and new tokens per exactness check
 METHOD_RESERVE_S, QUANT_RESERVE_S = 20.0, 180.0   # rough seconds a method / the 4-bit step needs on an H200
+EXACT_RESERVE_S = 30.0                             # and one precision's exactness checks on the demo pair
 
 
 # the target's Qwen3 sizes, the drafter's layers and mask token, and Domino's head (the published 8B: 256 / 1024)
@@ -108,7 +109,64 @@ def verify_samples(model, repeats: int) -> dict[str, list[float]]:
 
 def record_verify(report: dict, name: str, model, repeats: int) -> None:
     samples = report["verify_samples"][name] = verify_samples(model, repeats)
-    report["verify_median_ms"][name] = {rows: 1e3 * statistics.median(times) for rows, times in samples.items()}
+    medians = report["verify_median_ms"][name] = {rows: 1e3 * statistics.median(t) for rows, t in samples.items()}
+    check_line(report, "TIME", f"verify {name} by rows", ", ".join(f"{n}: {ms:.2f}" for n, ms in medians.items())
+               + f" ms (median of {repeats})")
+
+
+def demo_folders() -> dict[str, str]:
+    """The shipped demo pair's drafters, in the folders method_runs reads."""
+    from ..assets import ASSETS
+
+    demo = ASSETS / "demo"
+    return {k: str(demo / v) for k, v in
+            {"dflash": "dflash", "treeflash": "treeflash", "domino": "domino", "vp": "vp-drafter"}.items()}
+
+
+def exact_checks(report: dict, device: str, precision: str, clock: Clock, prompts: int = EXACT_PROMPTS,
+                 tokens: int = EXACT_TOKENS) -> None:
+    """Every method's T=0 output = ar's on the demo pair, its target loaded as a user's (treegen.loading) on
+    `device` in `precision`: fp32, bf16, or nf4 (4-bit bitsandbytes, bf16 compute; CUDA only)."""
+    label = f"exact {device} {precision}"
+    if clock.left() < EXACT_RESERVE_S:
+        return skip(report, label, f"{clock.left():.0f} s of the budget left")
+    if precision == "nf4" and (device != "cuda" or not importable("bitsandbytes")):
+        return skip(report, label, "4-bit needs a CUDA device and bitsandbytes")
+    from ..assets import DEMO_TARGET
+    from ..loading import load_target
+    from .prompts import load_prompts
+
+    nf4 = precision == "nf4"
+    model, tokenizer = load_target(str(DEMO_TARGET), dtype="bf16" if nf4 else precision, device=device,
+                                   load_in_4bit=nf4)
+    ids = [torch.tensor(tokenizer(p.text)["input_ids"]) for p in load_prompts("thirdparty-code", prompts)]
+    ref = greedy_outputs(model, ("ar", None, {}), ids, tokens)
+    for run in method_runs(demo_folders())[1:]:
+        try:
+            same = sum(a == b for a, b in zip(greedy_outputs(model, run, ids, tokens), ref))
+            check_line(report, "PASS" if same == len(ref) else "FAIL", f"{label} {run[0]}",
+                       f"{same}/{len(ref)} prompts = ar at T=0, {tokens} new tokens")
+        except Exception as err:  # noqa: BLE001 (one broken method must not cost the other checks)
+            check_line(report, "FAIL", f"{label} {run[0]}", one_line(err))
+    del model
+    torch.cuda.empty_cache()   # a no-op without CUDA
+
+
+def greedy_outputs(model, run: tuple[str, str | None, dict], prompts: list[torch.Tensor], tokens: int) -> list:
+    from ..drafters import build_drafter
+    from ..engine.generate import GenerationConfig, generate
+
+    method, folder, options = run
+    drafter = build_drafter(method, model, folder, options)
+    return [[t for r in generate(model, drafter, p, GenerationConfig(tokens)) for t in r.tokens] for p in prompts]
+
+
+def importable(name: str) -> bool:
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
 
 
 def method_runs(folders: dict[str, str]) -> list[tuple[str, str | None, dict]]:
@@ -150,7 +208,8 @@ def time_methods(target, folders: dict[str, str], vocab: int, clock: Clock, repo
         except Exception as err:  # noqa: BLE001 (a one-shot run: one broken method must not cost the rest)
             report["methods"][method] = {"error": one_line(err)}
         torch.cuda.empty_cache()  # the next method's drafter gets the memory back
-        log(f"{method}: {summary(report['methods'][method])}")
+        result = report["methods"][method]
+        check_line(report, "FAIL" if "error" in result else "TIME", f"method {method}", summary(result))
         write_outputs(report)
 
 
@@ -168,13 +227,24 @@ def projection(report: dict) -> dict[str, dict]:
         verify = float(cost_ms(torch.tensor([r["mean_tree"] + 1.0]))[0])
         return r["mean_ms"]["t_draft"] + r["mean_ms"]["t_build"] + verify, verify
 
-    ar_ms = round_ms(timed["ar"])[0]
+    ar_ms, tau = round_ms(timed["ar"])[0], report["tau"]
     out = {}
     for method, r in timed.items():
         total, verify = round_ms(r)
-        out[method] = {"tau_cpu": CPU_TAU[method], "round_ms": total, "verify_ms_from_table": verify,
-                       "projected_speedup": CPU_TAU[method] * ar_ms / total}
+        out[method] = {"round_ms": total, "verify_ms_from_table": verify}
+        if method in tau:
+            out[method].update(tau=tau[method], projected_speedup=tau[method] * ar_ms / total)
     return out
+
+
+def read_tau(path: Path | None) -> dict[str, float]:
+    """Acceptance length per method (tokens per target forward) from a bench JSON: each entry whose label is
+    its method's name (`ar`, `ddtree`, ... not `ddtree-32`)."""
+    if path is None:
+        return {}
+    methods = json.loads(Path(path).read_text())["methods"]
+    return {label: float(m["mean_accepted_length"]) for label, m in methods.items()
+            if isinstance(m, dict) and m.get("method") == label and isinstance(m.get("mean_accepted_length"), float)}
 
 
 def quantized_verify(target, root: Path, clock: Clock, report: dict, repeats: int) -> None:
@@ -213,7 +283,13 @@ def write_stub_tokenizer(folder: Path) -> None:
 
 def skip(report: dict, step: str, reason: str) -> None:
     report["skipped"].append({"step": step, "reason": reason})
-    log(f"skipped {step}: {reason}")
+    check_line(report, "SKIP", step, reason)
+
+
+def check_line(report: dict, status: str, name: str, detail: str) -> None:
+    """One line a check on stdout (PASS, FAIL, SKIP or TIME), kept in the report too."""
+    report["checks"].append({"status": status, "check": name, "detail": detail})
+    print(f"{status} {name}: {detail}", flush=True)
 
 
 def summary(result: dict) -> str:
@@ -240,7 +316,8 @@ def new_report(args, shape: Shape, device: torch.device, dtype: torch.dtype) -> 
                          "python": platform.python_version(), "cuda": torch.version.cuda},
             "prompt_tokens": PROMPT_TOKENS, "new_tokens": NEW_TOKENS, "block_size": BLOCK, "rows": list(ROWS),
             "budget_s": args.budget_s, "verify_samples": {}, "verify_median_ms": {}, "methods": {},
-            "projection": {}, "tau_cpu": CPU_TAU, "tau_source": TAU_SOURCE, "skipped": [], "elapsed_s": {}}
+            "projection": {}, "tau": read_tau(args.tau_from), "tau_source": str(args.tau_from or ""), "checks": [],
+            "skipped": [], "elapsed_s": {}}
 
 
 def write_outputs(report: dict) -> None:
@@ -271,7 +348,7 @@ def verify_table(report: dict) -> list[str]:
 
 
 def methods_table(report: dict) -> list[str]:
-    header = ("| method | tree | draft | build | verify | commit | verify(tree+1) from table | tau (CPU) "
+    header = ("| method | tree | draft | build | verify | commit | verify(tree+1) from table | tau (--tau-from) "
               "| PROJECTED speedup |")
     lines = [f"## Methods: mean ms per round ({report['new_tokens']} new tokens, T=0)", "", header, "|---" * 9 + "|"]
     for method, r in report["methods"].items():
@@ -281,8 +358,10 @@ def methods_table(report: dict) -> list[str]:
         ms, p = r["mean_ms"], report["projection"].get(method, {})
         lines.append(f"| {method} | {r['mean_tree']:.1f} | {ms['t_draft']:.2f} | {ms['t_build']:.2f} | "
                      f"{ms['t_verify']:.2f} | {ms['t_commit']:.2f} | {p.get('verify_ms_from_table', 0):.2f} | "
-                     f"{p.get('tau_cpu', 0):.2f} | {p.get('projected_speedup', 0):.2f} |")
-    note = (f"PROJECTED speedup = tau x t_ar_round / (draft + build + verify(tree + 1)); tau: {TAU_SOURCE}. "
+                     f"{p.get('tau', 0):.2f} | {p.get('projected_speedup', 0):.2f} |")
+    source = report["tau_source"] or "none given (--tau-from JSON), so no projection"
+    note = (f"PROJECTED speedup = tau x t_ar_round / (draft + build + verify(tree + 1)); tau: {source}, measured "
+            "elsewhere: a projection, not a GPU measurement. "
             "Random weights accept (almost) nothing, so only the timings are measurements of this device.")
     return [*lines, "", note]
 
@@ -292,6 +371,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu-check.json and gpu-check.md")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
     parser.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget; later steps are skipped")
+    parser.add_argument("--tau-from", type=Path, help="a bench JSON whose acceptance lengths project speedups")
+    parser.add_argument("--exact-prompts", type=int, default=EXACT_PROMPTS, help="demo prompts per exactness check")
+    parser.add_argument("--exact-tokens", type=int, default=EXACT_TOKENS, help="new tokens per exactness check")
     return parser.parse_args(argv)
 
 
@@ -306,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     report = new_report(args, shape, device, dtype)
     repeats = 5 if device.type == "cuda" else 3
+    for precision in ("fp32", "bf16", "nf4") if device.type == "cuda" else ("fp32", "nf4"):
+        exact_checks(report, device.type, precision, clock, args.exact_prompts, args.exact_tokens)
+    report["elapsed_s"]["exactness"] = clock.elapsed()
     root = Path(tempfile.mkdtemp(prefix="treegen-gpu-check-"))
     try:
         target = random_target(shape, device, dtype)
@@ -322,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)  # checkpoints of gigabytes never stay behind in /tmp
     log(f"done in {clock.elapsed():.0f} s: {args.out / 'gpu-check.md'}")
-    return 0
+    return 1 if any(c["status"] == "FAIL" and c["check"].startswith("exact") for c in report["checks"]) else 0
 
 
 if __name__ == "__main__":
