@@ -74,3 +74,16 @@ def test_a_busy_machine_gets_fewer_threads(monkeypatch):
         assert threads.choose(None, "cuda") is None                        # not a CPU run: untouched
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_tuner_copies_no_weight_that_would_not_fit(monkeypatch):
+    import torch
+
+    from treegen.engine import matmul
+
+    weight = torch.zeros(256, 128)
+    assert matmul.applies(weight)
+    monkeypatch.setattr(matmul, "free_bytes", lambda: 4 * weight.numel() * weight.element_size())
+    assert not matmul.applies(weight)                       # 4 timing copies > a quarter of free memory
+    row = matmul.RowMatmul(weight)
+    assert (row.form, row.chunk, row.pieces) == ("linear", 1, 1)   # F.linear, row by row: no copy, still exact

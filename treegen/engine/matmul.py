@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -31,11 +32,33 @@ MARGIN = 0.85                       # another form replaces F.linear only when i
 COLD_BYTES = 96 << 20               # weights rotated through while timing: more than a CPU's last-level cache
 MAX_COPIES = 64                     #   but no more copies than this (a tiny weight would need thousands)
 COPY_BUDGET = 2 << 30               # bytes of weight copies (packed or transposed) per process
+FREE_SHARE = 0.25                   # and never more than this share of the memory free now, timing included
 DTYPES = (torch.float32, torch.bfloat16)
 
 
 def applies(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype in DTYPES and weight.dim() == 2
+    """A CPU weight whose timing copies fit (on an accelerator every product stays F.linear)."""
+    return (weight.device.type == "cpu" and weight.dtype in DTYPES and weight.dim() == 2
+            and TIMING_COPIES * weight.numel() * weight.element_size() <= copy_cap())
+
+
+TIMING_COPIES = 4   # the most copies of one weight alive while its forms are timed (the weight, t, packed, ...)
+
+
+def free_bytes() -> int:
+    """Memory available now (Linux /proc/meminfo; unbounded elsewhere)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 62
+
+
+def copy_cap() -> int:
+    """Bytes of weight copies a process may still make: COPY_BUDGET, within FREE_SHARE of free memory."""
+    return min(COPY_BUDGET, int(FREE_SHARE * free_bytes()))
 
 
 def packable() -> bool:
@@ -65,7 +88,7 @@ class Matmul:
         for form, make in (("packed", pack), ("t", lambda w: w.t().contiguous())):
             if form in forms.values():
                 size = self.weight.numel() * self.weight.element_size()
-                if Matmul.copied + size <= COPY_BUDGET:
+                if Matmul.copied + size <= copy_cap():
                     self.copies[form], Matmul.copied = make(self.weight), Matmul.copied + size
                     weakref.finalize(self, Matmul.release, size)
                 else:   # over budget: F.linear where this form was chosen
@@ -127,7 +150,7 @@ def time_forms(n_out: int, n_in: int, dtype, repeats: int = 7) -> dict[str, dict
     """Fastest of `repeats` timings per form and row count, each on a weight not read since the cache
     last held it (copies rotated through), as in a forward where the other layers' weights come between."""
     size = n_out * n_in * torch.finfo(dtype).bits // 8
-    copies = min(MAX_COPIES, max(2, -(-COLD_BYTES // size)))   # a small weight: a few reads between
+    copies = min(MAX_COPIES, max(2, -(-COLD_BYTES // size)), max(2, copy_cap() // (2 * size)))   # a small weight: a few reads between
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(n_out, n_in, generator=gen).to(dtype)
     weights = [weight] + [weight.clone() for _ in range(copies - 1)]
@@ -292,15 +315,17 @@ def say(text: str) -> None:
         print(f"treegen: {text}", file=sys.stderr, flush=True)
 
 
-_per_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> id(weight) -> RowMatmul
+_per_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> weight ids -> RowMatmul
 
 
-def matmul_for(model, weight: torch.Tensor) -> RowMatmul:
-    """The model's RowMatmul for one of its weights: measured and copied once, kept as long as the model."""
+def matmul_for(model, *weights: torch.Tensor) -> RowMatmul:
+    """The model's RowMatmul for one of its weights, or for several stacked (one call for q, k and v):
+    measured and copied once, kept as long as the model."""
     table = _per_model.setdefault(model, {})
-    if id(weight) not in table:
-        table[id(weight)] = RowMatmul(weight)
-    return table[id(weight)]
+    key = tuple(id(w) for w in weights)
+    if key not in table:
+        table[key] = RowMatmul(weights[0] if len(weights) == 1 else torch.cat(weights))
+    return table[key]
 
 
 class TunedForward:
