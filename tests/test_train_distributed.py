@@ -64,12 +64,17 @@ def one_process(args: list[str]) -> None:
     assert result.exit_code == 0, result.output
 
 
-def two_processes(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(TORCHRUN + args, env=env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+def two_processes(args: list[str], log: Path | None = None) -> subprocess.Popen:
+    """torchrun's run of `treegen train ARGS`; its stderr to `log` (a pipe to read as it goes without one)."""
+    err = open(log, "w") if log else subprocess.PIPE   # noqa: SIM115 (the process holds it)
+    run = subprocess.Popen(TORCHRUN + args, env=env(), stderr=err, stdout=subprocess.DEVNULL, text=True)
+    run.log = log
+    return run
 
 
 def finished(run: subprocess.Popen) -> str:
     _, err = run.communicate(timeout=300)
+    err = run.log.read_text() if run.log else err
     assert run.returncode == 0, err[-3000:]
     return err
 
@@ -85,8 +90,8 @@ def assert_same_weights(a: Path, b: Path) -> None:
 def runs(setup):
     """The 2-process runs that nothing else waits on, started together (they overlap the tests' own work)."""
     root = setup[0]
-    started = {"dflash": two_processes(dflash_args(setup, root / "dflash-2")),
-               "treeflash": two_processes(treeflash_args(setup, root / "treeflash-2"))}
+    started = {"dflash": two_processes(dflash_args(setup, root / "dflash-2"), root / "dflash-2.log"),
+               "treeflash": two_processes(treeflash_args(setup, root / "treeflash-2"), root / "treeflash-2.log")}
     yield started
     for run in started.values():
         if run.poll() is None:
@@ -115,7 +120,7 @@ def test_a_stopped_two_process_run_resumes_to_the_uninterrupted_weights(setup, r
     err = run.communicate(timeout=120)[1]
     stopped = re.search(r"stopped at step (\d+)", err)
     assert stopped and 10 <= int(stopped.group(1)) < STEPS, err[-3000:]
-    finished(two_processes(dflash_args(setup, out) + ["--resume"]))
+    finished(two_processes(dflash_args(setup, out) + ["--resume"], root / "resumed.log"))
     if runs["dflash"].poll() is None:
         finished(runs["dflash"])
     assert_same_weights(root / "dflash-2", out)
@@ -160,15 +165,14 @@ def test_no_device_or_precision_is_hard_coded_under_train():
     allowed = re.compile(r"click\.(option|Choice)|^(DEVICES|PRECISIONS|PRECISION_NAMES) =")
     literal = re.compile(r"""["'](cpu|fp32|float32)["']""")
     found = [f"{path.name}:{n}: {line.strip()}"
-             for path in sorted(Path("treegen/train").glob("*.py"))
+             for path in sorted((Path(__file__).parents[1] / "treegen" / "train").glob("*.py"))
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if literal.search(line) and not allowed.search(line)]
     assert not found, found
 
 
 def test_autocast_only_where_asked_and_the_target_as_served():
-    from treegen.train.common import runtime
-    from treegen.train.common import Runtime, native_bf16
+    from treegen.train.common import Runtime, native_bf16, runtime
 
     cpu = torch.device("cpu")
     assert runtime("cpu", "fp32").precision == torch.float32

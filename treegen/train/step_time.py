@@ -71,20 +71,21 @@ def main(argv: list[str] | None = None) -> int:
     from .common import CPU_BF16_FLAGS, cpu_flags, native_bf16
 
     torch.set_num_threads(args.threads)
-    rt = runtime(args.device, "fp32")
+    rt = runtime(args.device)   # the target as served on this device
     target, tok = load_target(shipped("smollm2", "target"), dtype=rt.target_dtype, device=str(rt.device))
     stream = stream_of(tok, WINDOWS * SEQ_LEN)
     drafter_dir = str(ASSETS / "smollm2" / "dflash")
     result = {"command": "python -m treegen.train.step_time " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "what": __doc__.strip().splitlines()[0], "device": str(rt.device), "cpu": cpu_name(),
+              "what": __doc__.strip().splitlines()[0], "device": str(rt.device), "processor": cpu_name(),
               "cpu_bf16_flags": sorted(cpu_flags() & set(CPU_BF16_FLAGS)), "native_bf16": native_bf16(rt.device),
               "torch": torch.__version__, "threads": args.threads,
               "recipe": {"batch": 8, "seq_len": SEQ_LEN, "anchors": 16, "block_size": 10, "candidates": 8192,
                          "feature_cache": True, "init": "treegen/assets/smollm2/dflash"},
               "steps_timed": args.long - args.short, "precisions": {}}
     with tempfile.TemporaryDirectory() as cache:
-        run(target, drafter_dir, stream, Path(cache), "fp32", args.device, 1)   # fills the feature cache
-        for precision in [p for p in PRECISIONS if p != "auto"]:
+        full, low = [name for name, dtype in PRECISIONS.items() if dtype is not None]   # fp32, bf16
+        run(target, drafter_dir, stream, Path(cache), full, args.device, 1)   # fills the feature cache
+        for precision in (full, low):
             t0 = time.perf_counter()
             short = run(target, drafter_dir, stream, Path(cache), precision, args.device, args.short)
             long = run(target, drafter_dir, stream, Path(cache), precision, args.device, args.long)
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{precision}: {step:.3f} s a step", file=sys.stderr, flush=True)
     p = result["precisions"]
     result["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)   # Linux: KiB
-    result["bf16_speedup"] = round(p["fp32"]["step_s"] / p["bf16"]["step_s"], 2)
+    result["bf16_speedup"] = round(p[full]["step_s"] / p[low]["step_s"], 2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
