@@ -14,6 +14,9 @@ def corpus(tmp_path):
     (tmp_path / "text.txt").write_text("def add(a, b):\n    return a + b\n" * 4)
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "text.pt").write_text("not a tensor")
+    (tmp_path / "prog").write_bytes(b"\x7fELF\x02\x01\x01\0\0\0" + bytes(range(256)) * 4)
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1") * 50)
+    (tmp_path / "out.txt").write_text("a file, not a folder")
     return tmp_path
 
 
@@ -31,6 +34,9 @@ BAD = {
     "target layers": ("--target-layers 1,x", "--target-layers"),
     "missing target": ("--target ./nowhere", "no such folder"),
     "resume nothing": ("--resume", "nothing to resume"),
+    "binary data": ("--data {tmp}/prog", "a binary file (NUL bytes), not training text"),
+    "latin-1 data": ("--data {tmp}/latin1.txt", "not UTF-8 text (byte 3)"),
+    "out is a file": ("--out {tmp}/out.txt", "is a file"),
 }
 
 
@@ -40,7 +46,8 @@ def test_train_dflash_usage_errors(case, corpus, tiny_model_dir, monkeypatch):
     extra, phrase = BAD[case]
     out = corpus / "out"
     data = [] if "--data" in extra else ["--data", str(corpus / "text.txt")]
-    args = ["train", "dflash", "--target", str(tiny_model_dir), *data, "--out", str(out), *extra.format(tmp=corpus).split()]
+    given_out = [] if "--out" in extra else ["--out", str(out)]
+    args = ["train", "dflash", "--target", str(tiny_model_dir), *data, *given_out, *extra.format(tmp=corpus).split()]
     result = CliRunner().invoke(cli, args)   # through the top group, as a user runs it
     assert result.exit_code == 2, result.output
     assert phrase in result.output and "Traceback" not in result.output

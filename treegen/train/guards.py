@@ -20,6 +20,8 @@ def check_training_inputs(source: str | None, data: list[str], out: Path, resume
     try:
         if source is not None:
             check_source(source, "target", needs_config=needs_config)
+        for d in data:
+            check_text_file(d)
         streams = [load_stream(d) for d in data if d.endswith(".pt")]
         texts = read_data([d for d in data if not d.endswith(".pt")]) if len(streams) < len(data) else []
     except (OptionError, DataError, OSError) as err:
@@ -30,6 +32,27 @@ def check_training_inputs(source: str | None, data: list[str], out: Path, resume
         raise click.UsageError(f"--out {shown_path(out)}: is a file, not a folder")
     if resume and not out.is_dir():
         raise click.UsageError(f"--resume: {shown_path(out)} does not exist, so there is nothing to resume")
+
+
+SNIFF_BYTES = 8192   # enough of a file's start to tell text from a binary
+
+
+def check_text_file(name: str) -> None:
+    """A data file given as text (not a .pt stream, not a folder) must be UTF-8 text: a binary (an ELF, an
+    archive, a model's weights) would be read as replacement characters and trained on."""
+    path = Path(name).expanduser()
+    if name.endswith(".pt") or not path.is_file():
+        return
+    with open(path, "rb") as f:
+        head = f.read(SNIFF_BYTES)
+    if b"\0" in head:
+        raise click.UsageError(f"--data {shown_path(name)}: a binary file (NUL bytes), not training text")
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(head) - 3:   # not merely a character cut by the sniff's end
+            raise click.UsageError(f"--data {shown_path(name)}: not UTF-8 text (byte {err.start}); training "
+                                   f"text must be UTF-8") from None
 
 
 @contextmanager
