@@ -80,9 +80,28 @@ def test_bad_presets_fail_in_one_line_naming_file_and_key(tmp_path, case):
     assert str(path) in message and key in message and "\n" not in message
 
 
+@pytest.mark.parametrize("name, message", [
+    ("treflash", "unknown preset 'treflash' (did you mean treeflash?); `treegen presets` lists the"),
+    ("smollm2-dflsh", "(did you mean smollm2-dflash?)"),
+    ("zzzz", "unknown preset 'zzzz'; `treegen presets` lists the"),
+])
+def test_unknown_name_suggests_the_near_one_in_one_short_line(name, message):
+    with pytest.raises(PresetError) as err:
+        presets.load(name)
+    assert message in str(err.value) and "..." not in str(err.value) and len(str(err.value)) < 150
+
+
+@pytest.mark.parametrize("name, pair, read", [
+    ("dflash", "smollm2", "smollm2-dflash"), ("pld", "smollm2", "smollm2-pld"),
+    ("ddtree-32", "smollm2", "ddtree-32"),          # no smollm2 twin: the demo pair's, said by a notice
+    ("smollm2-ar", "smollm2", "smollm2-ar"), ("dflash", "demo", "dflash"), ("dflash", None, "dflash"),
+    ("./dflash.yaml", "smollm2", "./dflash.yaml"),
+])
+def test_a_preset_name_reads_as_the_pair_in_use(name, pair, read):
+    assert presets.on_pair(name, pair) == read
+
+
 def test_unknown_name_and_missing_file():
-    with pytest.raises(PresetError, match="unknown preset 'nope'.*ar, .*pld"):
-        presets.load("nope")
     with pytest.raises(PresetError, match="no such preset file"):
         presets.load("missing/x.yaml")
 

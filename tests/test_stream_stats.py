@@ -80,6 +80,7 @@ def test_stats_numbers_by_hand():
     assert stats.finish == "length"
     d = stats.to_dict()
     assert d["accept_histogram"] == {"0": 1, "1": 1, "2": 1} and d["mean_tree_size"] == pytest.approx(4.0)
+    assert d["accepted_per_round"] == pytest.approx(1.0) and d["tree_used"] == pytest.approx(3 / 12)
     assert d["time_split_s"]["prefill"] == pytest.approx(0.02)
     assert d["time_split_s"]["draft"] == pytest.approx(0.03)
 

