@@ -36,7 +36,7 @@ def test_complete_from_a_file(tiny_model_dir, prompt_file, tmp_path):
     assert result.exit_code == 0, result.output
     record = json.loads(stats.read_text())
     assert result.stdout == record["text"]        # stdout carries the text and nothing else
-    assert "mean acceptance length" in result.stderr and "acceptance per position" in result.stderr
+    assert "mean acceptance length" in result.stderr and "rounds reaching depth" in result.stderr
 
 
 def test_complete_from_stdin(tiny_model_dir):
@@ -117,7 +117,7 @@ BAD = {
     "bad target folder": ("complete {tmp}/p.txt --target {tmp}/nowhere", 2, "no such folder"),
     "prompt too long": ("complete {tmp}/long.txt --target {target}", 1, "context holds 512"),
     "negative temperature": ("complete {tmp}/p.txt --target {target} --temp -1", 2, "temperature must be a number >= 0"),
-    "two quantizations": ("complete {tmp}/p.txt --target {target} --load-in-8bit --load-in-4bit", 1,
+    "two quantizations": ("complete {tmp}/p.txt --target {target} --load-in-8bit --load-in-4bit", 2,
                           "choose one"),
     "json folder missing": ("complete {tmp}/p.txt --target {target} --stats-json {tmp}/no/s.json", 2,
                             "does not exist"),

@@ -48,7 +48,7 @@ def test_method_option_over_the_preset(tiny_model_dir, tmp_path):
 def test_verbose_and_threads(tiny_model_dir):
     result = invoke("complete", "-p", "x", "-m", tiny_model_dir, "-n", 2, "--verbose", "--threads", 1)
     assert result.exit_code == 0, result.output
-    assert "method auto" in result.stderr and "loaded" in result.stderr
+    assert "method pld" in result.stderr and "loaded" in result.stderr   # auto resolved before loading
 
 
 def test_the_model_ending_at_once_is_said(tiny_model_dir, monkeypatch):
