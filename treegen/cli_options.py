@@ -276,11 +276,11 @@ def load_generator(cfg: presets_mod.Preset, load: dict, quiet: bool):
 
 
 def quiet_bitsandbytes() -> None:
-    """bitsandbytes warns at import, on a CPU, that an optional kernel package is missing: not the user's
-    concern (its CPU path works without it), so its loggers show errors only."""
+    """bitsandbytes (and the kernels package it asks) warn at import, on a CPU, about an optional kernel they
+    could not fetch: not the user's concern (the CPU path works without it), so their loggers show errors only."""
     import logging
 
-    for name in ("bitsandbytes", "bitsandbytes.backends.cpu.ops"):
+    for name in ("bitsandbytes", "bitsandbytes.backends.cpu.ops", "kernels"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
