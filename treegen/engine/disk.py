@@ -12,7 +12,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-BUSY_SHARE = 0.15   # other processes' share of the machine above which a measurement is not kept
+# other processes' share of the machine above which a measurement is not kept
+BUSY_SHARE = float(os.environ.get("TREEGEN_BUSY_SHARE") or 0.15)
 
 
 def cache_root() -> Path:
