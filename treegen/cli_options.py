@@ -366,8 +366,9 @@ def setup(kw: dict):
     kw = with_default_pair(kw)
     cfg = drawn_seed(checked_config(kw), kw)
     demo_notice(cfg, kw)
-    from .engine import threads
+    from .engine import disk, threads
 
+    disk.silent = bool(kw.get("quiet"))
     busy = threads.choose(kw.get("threads"), "cuda" if kw.get("device", "auto") != "cpu" and cuda() else "cpu")
     if busy:
         notice(busy, kw["quiet"])

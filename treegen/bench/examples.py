@@ -70,7 +70,12 @@ def run(command: str, timeout: float = 600) -> str:
     with tempfile.TemporaryDirectory() as scratch:
         done = subprocess.run(["bash", "-c", command], check=False, cwd=scratch, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    return "\n".join(line.rstrip() for line in done.stdout.rstrip("\n").splitlines())
+    return "\n".join(line.rstrip() for line in done.stdout.rstrip("\n").splitlines()
+                     if not line.startswith(MACHINE_NOTICES))
+
+
+# notices about the machine the example ran on (other processes' load, a first run's measuring), not the example
+MACHINE_NOTICES = ("treegen: other processes are using", "treegen: other processes used", "treegen: measuring")
 
 
 def normal(text: str) -> str:

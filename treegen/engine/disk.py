@@ -93,17 +93,19 @@ class LoadWatch:
 
 
 def keep_if_quiet(watch: LoadWatch, path: Path, key: str, value, what: str) -> None:
-    """Write the measurement unless the machine was busy while it ran; then say so, once per kind."""
+    """Write the measurement unless the machine was busy while it ran; then say so, once per kind (not with
+    --quiet: the CLI sets `silent`)."""
     if not watch.busy:
         write_entry(path, key, value)
         return
-    if what not in _told:
+    if what not in _told and not silent:
         _told.add(what)
         print(f"treegen: other processes used {watch.share:.0%} of the CPU while measuring {what}; "
               "this run uses it, but it is not kept (it is measured again next time)", file=sys.stderr)
 
 
 _told: set[str] = set()
+silent = False   # the caller asked for no notices (treegen --quiet)
 
 
 def busy_cores(seconds: float = 0.2) -> float:
