@@ -177,8 +177,11 @@ def test_autocast_only_where_asked_and_the_target_as_served():
     cpu = torch.device("cpu")
     assert runtime("cpu", "fp32").precision == torch.float32
     assert runtime("cpu", "auto").precision == (torch.bfloat16 if native_bf16(cpu) else torch.float32)
+    from treegen.loading import resolve_dtype
+
     bf16 = Runtime(cpu, torch.bfloat16)
-    assert bf16.target_dtype == "float32"   # a CPU serves fp32
+    assert bf16.target_dtype == str(resolve_dtype("auto", cpu)).removeprefix("torch.")   # as `chat` serves it
+    assert Runtime(cpu, torch.float32).target_dtype == "float32"
     with bf16.autocast():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
     with Runtime(cpu, torch.float32).autocast():

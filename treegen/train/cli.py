@@ -60,8 +60,8 @@ def runtime_options(f):
     f = click.option("--dtype", "precision", type=click.Choice(PRECISION_NAMES), default="auto", show_default=True,
                      help="Compute precision: bf16 autocast (auto: where the device has native bf16: a CUDA GPU "
                           "with bf16, a CPU with AVX512-BF16/AMX) with fp32 master weights and optimizer state, "
-                          "or fp32 throughout. The frozen target loads as it is served: in bf16 on such a GPU, "
-                          "fp32 on a CPU.")(f)
+                          "or fp32 throughout. The frozen target loads as `treegen chat` serves it there (bf16 "
+                          "where native), or in fp32 with --dtype fp32.")(f)
     return click.option("--device", default="auto", show_default=True, callback=_device,
                         help="auto (cuda when present, else the CPU), cpu, cuda or cuda:N; under torchrun each "
                              "process takes cuda:LOCAL_RANK.")(f)

@@ -12,28 +12,24 @@ from pathlib import Path
 import torch
 
 from .distributed import (
-    CPU_BF16_FLAGS,
     PRECISIONS,
     DeviceError,
     Runtime,
     as_served,
     check_device,
     check_precision,
-    cpu_flags,
     main_rank,
     native_bf16,
     runtime,
 )
 
 __all__ = [
-    "CPU_BF16_FLAGS",
     "PRECISIONS",
     "DeviceError",
     "Runtime",
     "as_served",
     "check_device",
     "check_precision",
-    "cpu_flags",
     "main_rank",
     "native_bf16",
     "run_on",
@@ -91,7 +87,7 @@ def runtime_options(parser) -> None:
     parser.add_argument("--device", default="auto", help="auto (cuda when present, else the CPU), cpu, cuda, cuda:N")
     parser.add_argument("--dtype", default="auto", choices=list(PRECISIONS),
                         help="precision (auto: bf16 where the device has it natively); the target generates as it "
-                             "is served: in that precision on a GPU, fp32 on a CPU")
+                             "is served on the device (bf16 where native), or in fp32 with --dtype fp32")
 
 
 def runtime_from(args) -> Runtime:

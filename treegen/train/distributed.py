@@ -14,7 +14,6 @@ import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,7 +21,6 @@ import torch.distributed as dist
 DEVICES = ("auto", "cpu", "cuda")              # the names --device takes (and cuda:N)
 AUTO, CPU, CUDA = DEVICES
 PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16}
-CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")   # x86: native bf16 dot products / tiles (/proc/cpuinfo flags)
 # the main rank writes, evaluates and fills feature stores while the others wait in a collective
 WAIT = timedelta(hours=2)
 
@@ -31,21 +29,14 @@ class DeviceError(ValueError):
     """A --device or --dtype this machine cannot run; one line for the user."""
 
 
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return {flag for line in text.splitlines() if line.startswith(("flags", "Features"))
-            for flag in line.split(":", 1)[1].split()}
-
-
 def native_bf16(device: torch.device) -> bool:
-    """Whether the device computes bf16 natively (so that autocast to it is faster, not an emulation)."""
+    """Whether the device computes bf16 natively (so that autocast to it is faster, not an emulation): a CUDA
+    GPU with bf16, a CPU with AVX512-BF16 or AMX (treegen.loading's test, the one serving uses)."""
+    from ..loading import native_bf16 as cpu_bf16
+
     if device.type == CUDA:
         return torch.cuda.is_bf16_supported()
-    flags = cpu_flags()
-    return device.type == CPU and (any(f in flags for f in CPU_BF16_FLAGS) or "bf16" in flags)   # arm: bf16
+    return device.type == CPU and cpu_bf16()
 
 
 def check_device(device: str) -> None:
@@ -103,9 +94,11 @@ class Runtime:
 
     @property
     def target_dtype(self) -> str:
-        """The frozen target's weights, as a served target's on this device: the compute type on a GPU, full
-        width on a CPU (the CPU serves fp32; autocast still runs its matmuls in the compute type)."""
-        dtype = self.precision if self.device.type == CUDA else torch.float32
+        """The frozen target's weights as `treegen chat` serves them on this device (treegen.loading's auto:
+        bf16 where the device has it natively), or fp32 throughout when the run computes in fp32."""
+        from ..loading import resolve_dtype
+
+        dtype = torch.float32 if self.precision == torch.float32 else resolve_dtype(AUTO, self.device)
         return str(dtype).removeprefix("torch.")
 
     def autocast(self):

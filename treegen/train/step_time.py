@@ -68,29 +68,36 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from ..assets import ASSETS, shipped
     from ..loading import load_target
-    from .common import CPU_BF16_FLAGS, cpu_flags, native_bf16
+    from .common import native_bf16
 
     torch.set_num_threads(args.threads)
-    rt = runtime(args.device)   # the target as served on this device
-    target, tok = load_target(shipped("smollm2", "target"), dtype=rt.target_dtype, device=str(rt.device))
+    rt = runtime(args.device)
+
+    def target_for(precision: str):   # the frozen target as a run in this precision loads it
+        dtype = runtime(args.device, precision).target_dtype
+        return load_target(shipped("smollm2", "target"), dtype=dtype, device=str(rt.device))[0], dtype
+
+    tok = load_target(shipped("smollm2", "target"), dtype=rt.target_dtype, device=str(rt.device))[1]
     stream = stream_of(tok, WINDOWS * SEQ_LEN)
     drafter_dir = str(ASSETS / "smollm2" / "dflash")
     result = {"command": "python -m treegen.train.step_time " + " ".join(argv if argv is not None else sys.argv[1:]),
               "what": __doc__.strip().splitlines()[0], "device": str(rt.device), "processor": cpu_name(),
-              "cpu_bf16_flags": sorted(cpu_flags() & set(CPU_BF16_FLAGS)), "native_bf16": native_bf16(rt.device),
+              "native_bf16": native_bf16(rt.device),
               "torch": torch.__version__, "threads": args.threads,
               "recipe": {"batch": 8, "seq_len": SEQ_LEN, "anchors": 16, "block_size": 10, "candidates": 8192,
                          "feature_cache": True, "init": "treegen/assets/smollm2/dflash"},
               "steps_timed": args.long - args.short, "precisions": {}}
     with tempfile.TemporaryDirectory() as cache:
         full, low = [name for name, dtype in PRECISIONS.items() if dtype is not None]   # fp32, bf16
-        run(target, drafter_dir, stream, Path(cache), full, args.device, 1)   # fills the feature cache
         for precision in (full, low):
+            target, dtype = target_for(precision)
+            run(target, drafter_dir, stream, Path(cache), precision, args.device, 1)   # fills the cache; warms up
             t0 = time.perf_counter()
             short = run(target, drafter_dir, stream, Path(cache), precision, args.device, args.short)
             long = run(target, drafter_dir, stream, Path(cache), precision, args.device, args.long)
             step = (long - short) / (args.long - args.short)
-            result["precisions"][precision] = {"step_s": round(step, 4), "wall_s": round(time.perf_counter() - t0, 1)}
+            result["precisions"][precision] = {"step_s": round(step, 4), "target_dtype": dtype,
+                                               "wall_s": round(time.perf_counter() - t0, 1)}
             print(f"{precision}: {step:.3f} s a step", file=sys.stderr, flush=True)
     p = result["precisions"]
     result["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)   # Linux: KiB
