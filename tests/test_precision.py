@@ -21,7 +21,7 @@ PROMPTS = ["import numpy as np\nimport pandas as pd\n\n\ndef load(path):\n",
 def demo():
     from treegen.api import Generator
 
-    return Generator(target="demo", method="ar")
+    return Generator(target="demo", method="ar", dtype="fp32")   # the fp32 target the drafter precision reads
 
 
 def drafting(demo, method: str, dtype: str):

@@ -37,8 +37,12 @@ def features(hidden: Sequence, layer_ids: Sequence[int], device: torch.device) -
 
 
 def input_device(model) -> torch.device:
-    """Where the target's input embedding runs (accelerate: its hook's device, the weight may be offloaded)."""
-    embed = model.get_input_embeddings()
+    """Where the target's input embedding runs (accelerate: its hook's device, the weight may be offloaded);
+    a model without transformers' accessors runs where it says it is."""
+    try:
+        embed = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return model.device
     device = getattr(getattr(embed, "_hf_hook", None), "execution_device", None)
     return embed.weight.device if device is None else torch.device(device)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from .disk import busy_cores
+from . import disk
 
 
 def free_cores() -> tuple[int, int]:
@@ -15,7 +15,10 @@ def free_cores() -> tuple[int, int]:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return max(1, min(cores, round(cores - busy_cores()))), cores
+    busy = disk.busy_cores()
+    if busy <= disk.BUSY_SHARE * cores:   # a passing blip, not a held core
+        return cores, cores
+    return max(1, min(cores, round(cores - busy))), cores
 
 
 def choose(requested: int | None, device_type: str = "cpu") -> str | None:
