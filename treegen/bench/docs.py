@@ -46,9 +46,15 @@ class Data:
         self.pages = self.manifest.get("ablations", [])
         self.tables = P.current_tables(self.benches, self.manifest.get("not_current", []),
                                        self.manifest.get("superseded", {}))
+        self.side = P.load_side_by_side(self.folder, self.manifest.get("side_by_side", []))
 
     def unused(self) -> list[str]:
-        return sorted({b.name for b in self.benches} - P.used_files(self.benches, self.tables, self.pages))
+        """Files no page shows: bench JSON in no table or ablation, other JSON not the newest side-by-side record
+        of a pair with tables."""
+        benches = {b.name for b in self.benches} - P.used_files(self.benches, self.tables, self.pages)
+        pairs = {key[0] for key in self.tables}
+        shown = {next(s for s in self.side if s.pair == pair).name for pair in pairs & {s.pair for s in self.side}}
+        return sorted(benches | (P.other_json(self.folder, self.benches) - shown))
 
 
 # ---- values from the repository's own files (the shipped models' configs, training records, weights) --------
@@ -151,14 +157,43 @@ PAIR_TITLES = {"demo": "The demo pair (a small Qwen3 code target + its DFlash dr
                "smollm2": "The SmolLM2 pair (SmolLM2-135M-Instruct + drafters trained on its replies)"}
 
 
-def current_tables(data: Data, _arg: str | None, _prefix: str) -> str:
+def side_by_side(s: P.SideBySide, prefix: str) -> str:
+    """Another engine's plain decoding beside treegen's ar on the same GGUF and threads."""
+    d, llama, tree = s.data, s.data["llamacpp"], s.data["treegen"]
+    ratio = d["llamacpp_over_treegen"]
+    alone = "" if llama.get("alone") and tree.get("alone") else "; **not measured alone**"
+    body = [[f"llama.cpp {llama.get('commit') or '?'} (`llama-bench`, tg{d['tokens']})",
+             f"{llama.get('weights') or 'GGUF'}", num(llama["tokens_per_second"], ".1f"), "1.00x"],
+            [(f"treegen {tree.get('version', '?')} `ar` (decode; {num(tree['tokens_per_second'], '.1f')} tok/s "
+              "with prefill)"), tree.get("dtype", "?"), num(tree["decode_tokens_per_second"], ".1f"),
+             f"{1 / ratio:.2f}x"]]
+    machine = d.get("machine", {})
+    return "\n".join([
+        "### llama.cpp side by side", "",
+        (f"Plain decoding of {d['gguf']} on {d['threads']} threads: treegen's `ar` is "
+         + (f"{ratio:.1f}x behind llama.cpp." if ratio >= 1 else f"{1 / ratio:.1f}x ahead of llama.cpp.")), "",
+        md_table(["engine", "weights", "tok/s", "vs llama.cpp"], body), "",
+        (f"[{s.name}]({prefix}benchmarks/{s.name}): {d.get('date', '?')[:10]}, {machine.get('cpu', '?')}, "
+         f"{d['threads']} threads{alone}; `{d.get('command', '')}` runs `{llama['command']}` and "
+         f"`{tree['command']}`")])
+
+
+def current_tables(data: Data, _arg: str | None, prefix: str) -> str:
     out, pair = [], None
     for key, rows in data.tables.items():
         if key[0] != pair:
+            out += pair_side(data, pair, prefix)
             pair = key[0]
             out += [f"## {PAIR_TITLES.get(pair, pair)}", ""]
         out += [current_table(key, rows), ""]
+    out += pair_side(data, pair, prefix)
     return "\n".join(out).rstrip() + "\n"
+
+
+def pair_side(data: Data, pair: str | None, prefix: str) -> list[str]:
+    """The newest side-by-side record of the pair, after its tables."""
+    record = next((s for s in data.side if s.pair == pair), None)
+    return [side_by_side(record, prefix), ""] if record else []
 
 
 def ablation_index(data: Data, _arg: str | None, _prefix: str) -> str:

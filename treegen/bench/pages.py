@@ -87,6 +87,31 @@ def load_all(folder: Path) -> list[Bench]:
     return sorted(out, key=lambda b: (b.date, b.name), reverse=True)
 
 
+@dataclass(frozen=True)
+class SideBySide:
+    """One record of another engine beside treegen on the same GGUF (python -m treegen.bench.llamacpp): not a
+    bench JSON; listed under pages.yaml's `side_by_side`, it gets its own table after its pair's tables."""
+    name: str
+    data: dict
+
+    @property
+    def pair(self) -> str:
+        return pair_of(self.data.get("gguf", ""))
+
+
+def load_side_by_side(folder: Path, patterns: list[str]) -> list[SideBySide]:
+    """The files pages.yaml lists under `side_by_side`, newest first."""
+    out = [SideBySide(path.name, json.loads(path.read_text(encoding="utf-8")))
+           for path in sorted(folder.glob("*.json")) if matches(path.name, patterns)]
+    return sorted(out, key=lambda s: (s.data.get("date", ""), s.name), reverse=True)
+
+
+def other_json(folder: Path, benches: list[Bench]) -> set[str]:
+    """JSON files of the folder that are neither bench JSON nor training logs (train-*.json)."""
+    known = {b.name for b in benches}
+    return {p.name for p in folder.glob("*.json") if p.name not in known and not p.name.startswith("train-")}
+
+
 def manifest(folder: Path) -> dict:
     import yaml
 
