@@ -66,7 +66,8 @@ def available(needs: str | None) -> bool:
 
 def run(command: str, timeout: float = 600) -> str:
     """The command in a scratch folder, stdout and stderr merged in the order written, 120 columns."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "120", "NO_COLOR": "1", "TERM": "dumb"}
+    env = {key: value for key, value in os.environ.items() if key != "TREEGEN_PAIR"}   # as a user runs it
+    env.update({"PYTHONUNBUFFERED": "1", "COLUMNS": "120", "NO_COLOR": "1", "TERM": "dumb"})
     with tempfile.TemporaryDirectory() as scratch:
         done = subprocess.run(["bash", "-c", command], check=False, cwd=scratch, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
@@ -75,7 +76,8 @@ def run(command: str, timeout: float = 600) -> str:
 
 
 # notices about the machine the example ran on (other processes' load, a first run's measuring), not the example
-MACHINE_NOTICES = ("treegen: other processes are using", "treegen: other processes used", "treegen: measuring")
+MACHINE_NOTICES = ("treegen: other processes are using", "treegen: other processes used", "treegen: measuring",
+                   "treegen: converting")
 
 
 def normal(text: str) -> str:
