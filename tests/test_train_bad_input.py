@@ -37,7 +37,19 @@ BAD = {
     "binary data": ("--data {tmp}/prog", "a binary file (NUL bytes), not training text"),
     "latin-1 data": ("--data {tmp}/latin1.txt", "not UTF-8 text (byte 3)"),
     "out is a file": ("--out {tmp}/out.txt", "is a file"),
+    "huge batch": ("--batch 100000000", "--batch"),
+    "huge seq-len": ("--seq-len 100000000", "--seq-len"),
+    "huge anchors": ("--anchors 100000", "--anchors"),
+    "huge layers": ("--layers 100000", "--layers"),
+    "huge block": ("--block-size 100000", "--block-size"),
 }
+
+
+@pytest.mark.parametrize("command", ["treeflash", "domino", "vp-drafter"])
+def test_every_trainer_refuses_a_file_as_out_before_loading(command, corpus, tiny_model_dir):
+    result = CliRunner().invoke(cli, ["train", command, "--target", str(tiny_model_dir),
+                                      "--out", str(corpus / "out.txt")])
+    assert result.exit_code == 2 and "is a file" in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -83,16 +83,22 @@ def train():
 POSITIVE = click.IntRange(min=1)
 
 
+def bounded(most: int) -> click.IntRange:
+    """A size-like option: at least 1, at most `most` (a bigger value is a typo or an out-of-memory kill,
+    refused before anything loads)."""
+    return click.IntRange(min=1, max=most)
+
+
 def loop_options(lr: float = 1e-3):
     """The options every drafter trainer shares (one definition; ranges checked before anything loads)."""
     shared = [
         click.option("--steps", type=POSITIVE, default=2000, show_default=True, help="Maximum optimizer steps."),
         click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Wall-clock budget; the LR schedule follows it."),
-        click.option("--batch", type=POSITIVE, default=8, show_default=True,
+        click.option("--batch", type=bounded(65536), default=8, show_default=True,
                      help="Windows per optimizer step, all processes together (torchrun splits it evenly)."),
-        click.option("--seq-len", type=POSITIVE, default=256, show_default=True),
-        click.option("--anchors", type=POSITIVE, default=16, show_default=True,
+        click.option("--seq-len", type=bounded(1 << 20), default=256, show_default=True),
+        click.option("--anchors", type=bounded(4096), default=16, show_default=True,
                      help="Random anchors (blocks) per sequence."),
         click.option("--lr", type=click.FloatRange(min=0, min_open=True, max=1), default=lr, show_default=True),
         click.option("--resume", is_flag=True, help="Continue from OUT/train_state.pt (also after Ctrl-C or SIGTERM)."),
@@ -100,7 +106,7 @@ def loop_options(lr: float = 1e-3):
                      help="Folder of the target's features of the data, computed once (resumable) and read by "
                           "every step, for targets whose forward is most of a step (chat_data writes one)."),
         click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True),
-        click.option("--threads", type=POSITIVE, default=None, expose_value=False, callback=_set_threads,
+        click.option("--threads", type=bounded(1024), default=None, expose_value=False, callback=_set_threads,
                      help="CPU threads for torch (default: torch's; fewer on a machine shared with other work).")]
 
     def wrap(f):
@@ -115,8 +121,8 @@ def loop_options(lr: float = 1e-3):
 @click.option("--data", "data", multiple=True, required=True, help="Text file, folder or JSONL of {'text':..}.")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True,
               help="Output folder (published layout).")
-@click.option("--layers", type=POSITIVE, default=3, show_default=True, help="Drafter decoder layers.")
-@click.option("--block-size", type=click.IntRange(min=2), default=16, show_default=True)
+@click.option("--layers", type=bounded(256), default=3, show_default=True, help="Drafter decoder layers.")
+@click.option("--block-size", type=click.IntRange(min=2, max=1024), default=16, show_default=True)
 @click.option("--target-layers", default=None, help="Comma-separated target layer ids (default: z-lab's spread).")
 @click.option("--mask-token-id", type=click.IntRange(min=0), default=None, help="Default: the tokenizer's mask token.")
 @click.option("--init", default=None, help="Continue training this DFlash drafter (folder, hub id, demo or "
@@ -221,7 +227,8 @@ def target_cmd(tok_dir, data, out, steps, minutes, resume, device, precision):
 @click.option("--drafter", required=True, help="DFlash drafter (frozen backbone; a fresh head) or a TreeFlash "
               "checkpoint (its head is trained further). `demo` = the shipped demo drafter.")
 @click.option("--data", "data", multiple=True, required=True, help="A token stream (.pt) or text files/folders.")
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (published layout).")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Output folder (published layout).")
 @loop_options(lr=1e-3)
 @click.option("--soft", default=0.0, show_default=True, help="Weight of KL to the target's own distribution.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out stream (.pt) or text: acceptance vs ddtree.")
@@ -258,7 +265,8 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
               help="The DFlash drafter the head sits on (and the joint recipe starts from).")
 @click.option("--data", "data", multiple=True, required=True,
               help="A token stream (.pt) or text files, folders, JSONL (best: the target's own continuations).")
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (Domino's layout).")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Output folder (Domino's layout).")
 @click.option("--recipe", type=click.Choice(["head", "joint"]), default="head", show_default=True,
               help="head: frozen backbone, head only; joint: backbone + head, lambda-mixed base/corrected CE.")
 @click.option("--emb-dim", default=128, show_default=True, help="embed_proj's inner width E.")
@@ -293,7 +301,8 @@ def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_l
               help="The DFlash drafter to start from: folder, hub id, demo or demo/NAME.")
 @click.option("--data", multiple=True, required=True,
               help="A token stream (.pt, 1-D int tensor) or text files / folders / JSONL.")
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (DFlash layout).")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="Output folder (DFlash layout).")
 @loop_options(lr=5e-4)
 @click.option("--beta", default=0.9, show_default=True, help="Pr(visible prefix i) ~ beta^i, i in [2, B-1].")
 @click.option("--gamma", default=7.0, show_default=True, help="Loss weight exp(-(k - i)/gamma) after the prefix.")
