@@ -123,8 +123,7 @@ class Matmul:
     def choose(cls, weight: torch.Tensor) -> dict[int, str]:
         """Measured once per machine, shape, dtype and thread count (a second or so), then kept on disk."""
         n_out, n_in = weight.shape
-        key = (f"{n_out}x{n_in}|{weight.dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
-               f"|{torch.backends.cpu.get_cpu_capability()}|{machine()}")
+        key = table_key(weight)
         if key not in cls.measured:
             path = cache_root() / "matmul.json"
             saved = read_table(path).get(key)
@@ -221,8 +220,7 @@ class RowMatmul:
     @classmethod
     def choose(cls, weight: torch.Tensor) -> tuple[str, int, int]:
         n_out, n_in = weight.shape
-        key = (f"{n_out}x{n_in}|{weight.dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
-               f"|{torch.backends.cpu.get_cpu_capability()}|{machine()}|row-invariant")
+        key = table_key(weight) + "|row-invariant"
         if key not in cls.measured:
             path = cache_root() / "matmul.json"
             saved = read_table(path).get(key)
@@ -293,6 +291,13 @@ def pick_invariant(seconds: dict[str, dict[int, float]], chunks: dict[str, int])
     best = min(chunks, key=cost)
     best = best if cost(best) < MARGIN * cost("linear") else "linear"
     return best, chunks[best]
+
+
+def table_key(weight: torch.Tensor) -> str:
+    """What a measured choice depends on: shape, dtype, threads, torch, CPU capability and host."""
+    n_out, n_in = weight.shape
+    return (f"{n_out}x{n_in}|{weight.dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+            f"|{torch.backends.cpu.get_cpu_capability()}|{machine()}")
 
 
 def machine() -> str:
