@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from ..models.checkpoint import save_dflash
 from ..models.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
 from .common import LoopConfig, Schedule, as_served, fit, run_on, sharded
-from .features import training_windows
+from .features import target_features, training_windows
 
 GAMMA_BY_BLOCK = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -64,12 +64,6 @@ def copy_target_layers(drafter: DFlashDrafter, target) -> None:
             for name, p in theirs.named_parameters():
                 if name in own and own[name].shape == p.shape:
                     own[name].copy_(p)
-
-
-def target_features(target, ids: torch.Tensor, layer_ids) -> torch.Tensor:
-    with torch.no_grad(), as_served(target):  # the decoder alone: the logits over the vocabulary are not needed
-        hs = target.get_decoder()(input_ids=ids, output_hidden_states=True).hidden_states
-    return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
 
 
 def target_pass(target, ids: torch.Tensor, layer_ids):

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .distributed import as_served
+
 META, DATA, ANCHORS = "meta.json", "features.f16", "anchors.u8"
 
 
@@ -86,11 +88,16 @@ class FeatureStore:
         return np.concatenate([np.arange(h) + h * self.layer_ids.index(i) for i in layer_ids])
 
 
+def target_features(target, ids: torch.Tensor, layer_ids) -> torch.Tensor:
+    """The target's states at `layer_ids` for ids [B, T], concatenated: [B, T, len(layer_ids) * H]."""
+    with torch.no_grad(), as_served(target):  # the decoder alone: the logits over the vocabulary are not needed
+        hs = target.get_decoder()(input_ids=ids, output_hidden_states=True).hidden_states
+    return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
+
+
 @torch.no_grad()
 def fill(store: FeatureStore, target, ids: torch.Tensor, seq_len: int, batch: int = 8, log=print) -> None:
     """Compute the states of every aligned seq_len window not yet done, `batch` windows per forward."""
-    from .dflash import target_features
-
     windows = len(ids) // seq_len
     start, t0 = store.done // seq_len, time.perf_counter()
     for i in range(start, windows, batch):
