@@ -74,16 +74,15 @@ def random_target(shape: Shape, device: torch.device, dtype: torch.dtype):
 
 def write_drafters(target, shape: Shape, root: Path) -> dict[str, str]:
     """Random DFlash, TreeFlash, Domino and VP-drafter checkpoints in the published layouts -> their folders."""
+    from ..drafters.untrained import untrained_dflash
     from ..models.checkpoint import save_dflash
     from ..models.domino import DominoHead, HeadConfig, save_domino
     from ..models.treeflash import from_dflash, save_treeflash
     from ..models.vp_drafter import save_vp_drafter
-    from ..train import dflash as dflash_training
 
     dtype, folders = target.dtype, {k: root / k for k in ("dflash", "treeflash", "domino", "vp")}
-    recipe = dflash_training.DFlashTrainConfig(num_layers=shape.draft_layers, block_size=BLOCK)
     with torch.device(target.device):  # fp32 on the device, cast on save: random init stays quick
-        backbone = dflash_training.build_drafter(target, shape.mask_token_id, recipe, seed=0)
+        backbone = untrained_dflash(target, shape.mask_token_id, shape.draft_layers, BLOCK, seed=0)
         save_dflash(backbone, folders["dflash"], dtype)
         treeflash = from_dflash(backbone)
         treeflash.ar_approximation.d.weight.data.normal_(0, 0.02)  # a zero head would make it plain ddtree
@@ -92,8 +91,7 @@ def write_drafters(target, shape: Shape, root: Path) -> dict[str, str]:
         head = HeadConfig(shape.emb_dim, shape.gru_hidden_dim, shift_label=True, pure_draft_prefix_len=1)
         save_domino(backbone, DominoHead(shape.hidden, shape.vocab, head), folders["domino"], dtype)
         del backbone
-        save_vp_drafter(dflash_training.build_drafter(target, shape.mask_token_id, recipe, seed=1), folders["vp"],
-                        dtype)
+        save_vp_drafter(untrained_dflash(target, shape.mask_token_id, shape.draft_layers, BLOCK, seed=1), folders["vp"], dtype)
     torch.cuda.empty_cache()  # the fp32 drafters built here go back to the pool (a no-op without CUDA)
     return {k: str(v) for k, v in folders.items()}
 

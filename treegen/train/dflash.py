@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..drafters.untrained import untrained_dflash
 from ..models.checkpoint import save_dflash
-from ..models.dflash import DFlashConfig, DFlashDrafter, default_target_layer_ids
+from ..models.dflash import DFlashDrafter
 from .common import LoopConfig, Schedule, as_served, fit, run_on, sharded
 from .features import target_features, training_windows
 
@@ -33,22 +34,8 @@ class DFlashTrainConfig(LoopConfig):
 
 
 def build_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig, seed: int = 0) -> DFlashDrafter:
-    t = target.config
-    ids = cfg.target_layer_ids or default_target_layer_ids(t.num_hidden_layers, cfg.num_layers)
-    config = DFlashConfig(
-        hidden_size=t.hidden_size, intermediate_size=cfg.intermediate_size or t.intermediate_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads, head_dim=getattr(t, "head_dim", None)
-        or t.hidden_size // t.num_attention_heads, num_target_layers=t.num_hidden_layers,
-        target_layer_ids=tuple(ids), mask_token_id=mask_token_id, vocab_size=t.vocab_size,
-        block_size=cfg.block_size, rms_norm_eps=t.rms_norm_eps,
-        rope_theta=float((getattr(t, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
-        max_position_embeddings=t.max_position_embeddings)
-    torch.manual_seed(seed)
-    model = DFlashDrafter(config)
-    for name, p in model.named_parameters():
-        if p.dim() == 2:
-            torch.nn.init.normal_(p, std=0.02)
+    model = untrained_dflash(target, mask_token_id, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
+                             cfg.intermediate_size, seed)
     if cfg.init_from_target:
         copy_target_layers(model, target)
     return model
