@@ -71,14 +71,6 @@ class StreamDecoder:
         return full[len(done):]
 
 
-def pair_default(pair: str) -> tuple[str, dict]:
-    """(method, options) of a shipped pair's default preset: its fastest installed method, as the CLI's."""
-    from .assets import default_preset
-
-    preset = default_preset(pair)
-    return preset.method, dict(preset.method_options)
-
-
 @dataclass
 class Generator:
     """A loaded target (+ tokenizer) and a drafting method, ready to generate."""
@@ -95,20 +87,11 @@ class Generator:
     prefill_chunk: int = DEFAULT_CHUNK   # prompt rows per prefill forward (engine/prefill.py)
 
     def __post_init__(self):
-        from .assets import DEMO_TARGET, best_method, local_or_shipped, pair_drafter_for, pair_of_target
+        from .config import resolve_model
 
-        self.target = local_or_shipped(self.target, "target")   # the CLI's names (demo, demo/NAME, ...) too
-        self.drafter = local_or_shipped(self.drafter, "drafter")
-        pair = pair_of_target(self.target)
-        if pair is not None:   # a shipped pair: the drafter of the method's choice comes with it
-            self.target = self.target or str(DEMO_TARGET)
-            if self.method == "auto" and not self.drafter:
-                self.method, options = pair_default(pair)
-                self.method_options = self.method_options or options
-            shipped = pair_drafter_for(pair, self.method)
-            self.drafter = self.drafter or (str(shipped) if shipped else None)
-        if self.method == "auto":
-            self.method = best_method(self.drafter)
+        model = resolve_model(self.target, self.drafter, self.method, self.method_options)
+        self.target, self.drafter, self.method = model.target, model.drafter, model.method
+        self.method_options = dict(model.method_options)
         self.model, self.tokenizer = load_target(
             self.target, dtype=self.dtype, device=self.device, device_map=self.device_map,
             load_in_8bit=self.load_in_8bit, load_in_4bit=self.load_in_4bit,
@@ -124,7 +107,8 @@ class Generator:
 
     def with_method(self, method: str, drafter: str | None = None, method_options: dict | None = None) -> Generator:
         """Another method on this generator's loaded target, not loaded again (benchmarks compare methods so)."""
-        from .assets import best_method, local_or_shipped
+        from .assets import local_or_shipped
+        from .policy import best_method
 
         other = copy.copy(self)
         other.drafter, other.method_options = local_or_shipped(drafter, "drafter"), dict(method_options or {})

