@@ -85,6 +85,16 @@ def test_stats_numbers_by_hand():
     assert d["time_split_s"]["draft"] == pytest.approx(0.03)
 
 
+def test_rounds_without_a_draft_count_apart():
+    """An auto budget's resting rounds (no draft verified) lower tokens a round, not tokens a drafting round."""
+    stats = Stats()
+    for r in (_round(0, [5], 0), _round(1, [1, 2, 3], 2, drafted=6), _round(2, [4], 0), _round(3, [6], 0)):
+        stats.add(r)
+    assert stats.mean_accepted_length == pytest.approx(5 / 3) and stats.drafting_rounds == 1
+    assert stats.drafting_length == pytest.approx(3.0)
+    assert stats.to_dict()["drafting_length"] == pytest.approx(3.0)
+
+
 def test_stats_of_no_rounds():
     stats = Stats()
     stats.add(_round(0, [5], 0, finish="eos"))

@@ -101,6 +101,15 @@ def num(value, spec: str = ".2f") -> str:
     return "" if value is None else format(value, spec)
 
 
+def tokens(m: dict) -> str:
+    """Tokens a round; where some rounds verified no draft (an auto budget resting), also the tokens a round
+    that did and their share, as the bench's table shows them."""
+    share, length = m.get("drafting_share"), m.get("drafting_length")
+    if share is None or share > 0.995 or not length:
+        return num(m.get("mean_accepted_length"))
+    return f"{m['mean_accepted_length']:.2f} ({length:.2f} in {share:.0%})"
+
+
 def speedup(m: dict, repeats: int) -> str:
     x = m["speedup_vs_ar"]
     return f"{x['median']:.2f}x" + (f" ({x['min']:.2f}-{x['max']:.2f})" if repeats > 1 else "")
@@ -108,7 +117,7 @@ def speedup(m: dict, repeats: int) -> str:
 
 def row_cells(row: P.Row) -> list[str]:
     m = row.m
-    return [f"`{row.label}`", num(m.get("mean_accepted_length")), num(m.get("mean_tree_size"), ".1f"),
+    return [f"`{row.label}`", tokens(m), num(m.get("mean_tree_size"), ".1f"),
             num(m.get("tokens_per_second"), ".1f"), speedup(m, row.bench.data.get("repeats", 1)),
             row.bench.identity(row.label)]
 
@@ -205,7 +214,7 @@ def acceptance(data: Data, arg: str | None, prefix: str) -> str:
     pair, name, temperature = arg.split("/")
     key = (pair, name, float(temperature.lstrip("T")))
     rows = [r for r in data.tables[key] if r.m.get("kind") != P.PEER and r.m.get("method") not in ("ar",)]
-    body = [[f"`{r.label}`", num(r.m.get("mean_accepted_length")), num(r.m.get("mean_tree_size"), ".1f"),
+    body = [[f"`{r.label}`", tokens(r.m), num(r.m.get("mean_tree_size"), ".1f"),
              r.bench.identity(r.label), link(r.bench, prefix)] for r in rows]
     return md_table(["method", "tokens/round", "tree", "= ar", "JSON"], body) + "\n"
 

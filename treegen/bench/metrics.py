@@ -48,6 +48,8 @@ class Summary:
     prompts: int
     runs: int
     mismatches: list[Mismatch] = field(default_factory=list)
+    drafting_length: float | None = None      # tokens per round that verified a draft
+    drafting_share: float | None = None       # the share of rounds that verified a draft
 
 
 def pooled(stats: list[Stats]) -> Stats:
@@ -105,7 +107,9 @@ def summarize(runs: list[Run], baseline: list[Run], has_rounds: bool, greedy: bo
         identical_to_ar=(not wrong) if greedy else None,
         time_split_s=record["time_split_s"] if has_rounds else None,
         new_tokens=stats.new_tokens, wall_time_s=stats.wall_time, prompts=len({r.prompt for r in runs}),
-        runs=len(runs), mismatches=wrong)
+        runs=len(runs), mismatches=wrong,
+        drafting_length=stats.drafting_length if has_rounds else None,
+        drafting_share=stats.drafting_rounds / stats.rounds if has_rounds and stats.rounds else None)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from .generate import Round
 @dataclass
 class Stats:
     rounds: int = 0                      # decode rounds (target forwards after the prefill)
+    drafting_rounds: int = 0             # of those, rounds that verified a draft (not resting, not empty)
     new_tokens: int = 0                  # generated tokens, the prefill's first token included
     accepted_drafts: int = 0
     drafted: int = 0
@@ -34,6 +35,7 @@ class Stats:
         self.rounds += 1
         self.accepted_drafts += r.accepted
         self.drafted += r.drafted
+        self.drafting_rounds += r.drafted > 0
         self.accept_histogram[r.accepted] += 1
         if r.way:
             self.ways[r.way] += 1
@@ -46,6 +48,12 @@ class Stats:
     def mean_accepted_length(self) -> float:
         """Tokens committed per decode round, bonus included (tau in the papers)."""
         return (self.accepted_drafts + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def drafting_length(self) -> float:
+        """Tokens committed per round that verified a draft: what a tree brings when the drafter runs (a
+        `budget: auto` run also has rounds without one, where drafting would not pay)."""
+        return (self.accepted_drafts + self.drafting_rounds) / self.drafting_rounds if self.drafting_rounds else 0.0
 
     @property
     def acceptance_per_position(self) -> list[float]:
@@ -78,7 +86,7 @@ class Stats:
             d.pop(key)
         other = max(self.wall_time - self.time_prefill - self.time_draft - self.time_build - self.time_verify, 0.0)
         d.update(
-            mean_accepted_length=self.mean_accepted_length,
+            mean_accepted_length=self.mean_accepted_length, drafting_length=self.drafting_length,
             acceptance_per_position=self.acceptance_per_position,   # = the share of rounds reaching depth k
             accepted_per_round=self.accepted_per_round, tree_used=self.tree_used,
             accept_histogram={str(k): v for k, v in sorted(self.accept_histogram.items())},

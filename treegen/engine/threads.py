@@ -5,6 +5,7 @@ must give the same tokens every run): a run on a busy machine says so and names 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 from . import disk
 
@@ -36,3 +37,101 @@ def choose(requested: int | None, device_type: str = "cpu") -> str | None:
         return (f"other processes are using {cores - free} of {cores} cores: with {torch.get_num_threads()} "
                 f"threads this run may be many times slower; --threads {free} avoids the wait")
     return None
+
+
+def candidate_counts(cores: int) -> tuple[int, ...]:
+    """The thread counts a busy machine may fall back to: one, half the cores, all of them."""
+    return tuple(sorted({1, max(1, cores // 2), cores}))
+
+
+class ThreadPlan:
+    """The thread counts one run's greedy generations may use. `allowed` holds only counts with which this
+    model's logits were checked to be the same bits as with all of them (neutral_counts), so taking fewer
+    threads when other work holds cores changes the speed, never the tokens. Sampled generations keep the
+    run's count: their drafts' laws come from the drafter, whose bits that check does not cover."""
+
+    def __init__(self, allowed: tuple[int, ...] = ()):
+        self.allowed = tuple(sorted(allowed))
+
+    @contextmanager
+    def greedy(self, temperature: float):
+        """For one generation: the most allowed threads that fit in the cores other processes leave free."""
+        import torch
+
+        before = torch.get_num_threads()
+        fitting = [t for t in self.allowed if t <= before]
+        if temperature > 0 or len(fitting) < 2:
+            yield before
+            return
+        free, _ = free_cores()
+        chosen = max([t for t in fitting if t <= free] or [min(fitting)])
+        torch.set_num_threads(chosen)
+        try:
+            yield chosen
+        finally:
+            torch.set_num_threads(before)
+
+
+def neutral_counts(model, prompt_rows: int = 48, steps: int = 6, tree_rows: int = 16) -> tuple[int, ...]:
+    """The candidate thread counts with which the engine's own forwards of this model (the prompt's prefill,
+    one-row decoding steps and a tree verify) give the logits they give with all threads, bit for bit;
+    checked once per model, dtype, thread count and host on random tokens, kept on disk. Only the full
+    count where it cannot be checked (not a CPU run, a busy machine)."""
+    import torch
+
+    cores = torch.get_num_threads()
+    if model.device.type != "cpu" or cores < 2:
+        return (cores,)
+    path, key = disk.cache_root() / "threads.json", neutral_key(model)
+    saved = disk.read_table(path).get(key)
+    if isinstance(saved, list) and all(isinstance(t, int) for t in saved) and cores in saved:
+        return tuple(saved)
+    with disk.LoadWatch() as watch:
+        reference = forward_logits(model, cores, prompt_rows, steps, tree_rows)
+        counts = [cores] + [t for t in candidate_counts(cores) if t != cores and
+                            all(torch.equal(a, b) for a, b in
+                                zip(forward_logits(model, t, prompt_rows, steps, tree_rows), reference))]
+    disk.keep_if_quiet(watch, path, key, sorted(counts), "the thread counts that keep the logits' bits")
+    return tuple(sorted(counts))
+
+
+def neutral_key(model) -> str:
+    import torch
+
+    from .matmul import machine
+
+    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+    return (f"{name}|{model.dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+            f"|{torch.backends.cpu.get_cpu_capability()}|{machine()}")
+
+
+def forward_logits(model, threads: int, prompt_rows: int, steps: int, tree_rows: int) -> list:
+    """With `threads` threads: the last prompt row's logits, each decoding step's and every tree row's."""
+    import torch
+
+    from .cache import new_cache
+    from .target import TargetStep
+    from .tree import DraftTree, verification_inputs
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        vocab = model.config.vocab_size
+        ids = torch.randint(vocab, (1, prompt_rows + steps), generator=gen)
+        siblings = DraftTree(torch.randint(vocab, (tree_rows - 1,), generator=gen),
+                             torch.arange(-1, tree_rows - 2) // 2)   # a binary tree: rows share parents
+        step, cache, out = TargetStep(model), new_cache(model), []
+        with torch.inference_mode():
+            logits, _ = step.prefill(ids[:, :prompt_rows], torch.arange(prompt_rows)[None], cache)
+            out.append(logits.row(0).clone())
+            for i in range(prompt_rows, prompt_rows + steps):
+                logits, _ = step(*verification_inputs(int(ids[0, i]), DraftTree.empty(), i, model.dtype), cache)
+                out.append(logits.row(0).clone())
+            logits, _ = step(*verification_inputs(int(ids[0, -1]), siblings, prompt_rows + steps, model.dtype),
+                             cache)
+            logits.project_all()
+            out.extend(logits.row(r).clone() for r in range(tree_rows))
+        return out
+    finally:
+        torch.set_num_threads(before)

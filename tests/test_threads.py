@@ -1,0 +1,62 @@
+"""Thread counts on a busy machine (engine/threads.py): a greedy generation may take fewer threads only where
+this model's logits were checked to be the same bits with them; the tokens never change with the count."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_qwen3
+
+from treegen.engine import threads
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_check_compares_real_forwards_and_is_kept(tmp_path, monkeypatch, two_threads):
+    monkeypatch.setenv("TREEGEN_CACHE", str(tmp_path))
+    model = tiny_qwen3(hidden=64).to(torch.bfloat16)
+    assert threads.neutral_counts(model) == (1, 2)
+    assert (tmp_path / "threads.json").exists()
+    calls = []
+    monkeypatch.setattr(threads, "forward_logits", lambda *a: calls.append(a))
+    assert threads.neutral_counts(model) == (1, 2) and not calls   # read back, not checked again
+
+
+def test_a_count_whose_bits_differ_is_not_allowed(tmp_path, monkeypatch, two_threads):
+    monkeypatch.setenv("TREEGEN_CACHE", str(tmp_path))
+    real = threads.forward_logits
+    monkeypatch.setattr(threads, "forward_logits",
+                        lambda model, t, *a: [x + (t == 1) for x in real(model, t, *a)])
+    assert threads.neutral_counts(tiny_qwen3(hidden=64)) == (2,)
+
+
+def test_a_greedy_generation_takes_the_free_cores(monkeypatch, two_threads):
+    monkeypatch.setattr(threads, "free_cores", lambda: (1, 2))
+    plan = threads.ThreadPlan((1, 2))
+    with plan.greedy(0.0) as chosen:
+        assert chosen == 1 and torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+    with plan.greedy(0.8) as chosen:          # sampled: the drafter's laws are not covered by the check
+        assert chosen == 2
+    with threads.ThreadPlan((2,)).greedy(0.0) as chosen:
+        assert chosen == 2
+
+
+def test_greedy_tokens_are_the_same_with_one_thread_and_two(two_threads):
+    from treegen.engine.generate import GenerationConfig, generate
+    from treegen.drafters import build_drafter
+
+    model = tiny_qwen3(hidden=64).to(torch.bfloat16)
+    prompt = torch.arange(3, 40) % model.config.vocab_size
+    outputs = []
+    for count in (2, 1):
+        torch.set_num_threads(count)
+        drafter = build_drafter("pld", model, None, {})
+        outputs.append([t for r in generate(model, drafter, prompt, GenerationConfig(max_new_tokens=40))
+                        for t in r.tokens])
+    assert outputs[0] == outputs[1]
