@@ -18,14 +18,26 @@ def forms(form: str) -> dict[int, str]:
 
 @pytest.mark.parametrize("form", M.FORMS)
 def test_every_form_is_the_same_product(form):
-    weight = torch.randn(48, 24)
+    from treegen.engine import kernels
+
+    weight, tol = torch.randn(48, 24), 1e-5
+    if form == "compiled":   # bf16 only, outputs in whole 64s
+        weight, tol = torch.randn(128, 24).to(torch.bfloat16), 2e-2
+        if not kernels.row_matmul_packable(weight):
+            pytest.skip("no AVX512-BF16 here (or no C compiler)")
     mm = M.Matmul(weight, forms(form))
+    assert set(mm.forms.values()) == {form}
     for rows in (1, 2, 3, 7, 64, 70):
-        x = torch.randn(1, rows, 24)
+        x = torch.randn(1, rows, 24).to(weight.dtype)
         out = mm(x)
-        assert out.shape == (1, rows, 48) and out.is_contiguous()
-        torch.testing.assert_close(out, F.linear(x, weight), rtol=1e-5, atol=1e-5)
+        assert out.shape == (1, rows, weight.shape[0]) and out.is_contiguous()
+        torch.testing.assert_close(out.float(), F.linear(x.float(), weight.float()), rtol=tol, atol=tol)
     assert torch.equal(M.Matmul.plain(weight)(x), F.linear(x, weight))   # transformers' own bits
+
+
+def test_the_compiled_form_steps_aside_where_it_cannot_serve():
+    for weight in (torch.randn(128, 24), torch.randn(48, 24).to(torch.bfloat16)):   # fp32; not whole 64s
+        assert set(M.Matmul(weight, forms("compiled")).forms.values()) == {"linear"}
 
 
 def test_a_row_count_takes_the_form_of_the_next_measured_one():

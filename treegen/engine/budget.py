@@ -97,7 +97,7 @@ def cost_key(model) -> str:
 
     step = TargetStep(model)   # what one verify forward computes (engine/target.py)
     step = ("lazy" if step.lazy else "eager") + ("+fast" if step.fast is not None else "") + \
-        ("+mm" if isinstance(step.head, RowMatmul) else "")
+        (f"+mm:{step.head.form}" if isinstance(step.head, RowMatmul) else "")
     device = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else machine()
     return (f"{name}|{model.dtype}|{model.device}|{device}|threads={torch.get_num_threads()}"
             f"|torch={torch.__version__}|{step}+invariant")

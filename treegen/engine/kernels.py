@@ -1,6 +1,7 @@
-"""The CPU verify forward's compiled attention (row_attention.c), built once per machine with the system's C
-compiler into the cache folder and loaded with ctypes; None where no compiler is found or the build fails,
-and engine/invariant.py's torch path serves instead (the same row invariance, slower)."""
+"""The CPU verify forward's compiled kernels, built once per machine with the system's C compiler into the cache
+folder and loaded with ctypes: row_attention.c (attention; without it engine/invariant.py's torch path serves,
+the same row invariance, slower) and row_matmul.c (bf16 products on AVX512-BF16; without it engine/matmul.py's
+other forms serve). None where no compiler is found or a build fails."""
 from __future__ import annotations
 
 import ctypes
@@ -17,9 +18,11 @@ import torch
 from .disk import cache_root
 
 SOURCE = Path(__file__).with_name("row_attention.c")
+MATMUL_SOURCE = Path(__file__).with_name("row_matmul.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math")
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 ARGS = [_ptr, _ptr, _ptr] + [_i64] * 9 + [_ptr, _ptr, _i64, ctypes.c_float, _ptr, ctypes.c_int]
+MATMUL_ARGS = [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, ctypes.c_int]
 
 
 def compiler() -> str | None:
@@ -28,30 +31,45 @@ def compiler() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL | None:
-    """The built kernel, or None (no compiler, a failed build, or TREEGEN_NO_KERNELS set)."""
+    """The built attention kernel, or None (no compiler, a failed build, or TREEGEN_NO_KERNELS set)."""
+    lib = build(SOURCE)
+    if lib is not None:
+        for name in ("attend_f32", "attend_bf16"):
+            getattr(lib, name).argtypes, getattr(lib, name).restype = ARGS, None
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def matmul_library() -> ctypes.CDLL | None:
+    """The built bf16 product, or None (as library(), or a CPU without AVX512-BF16)."""
+    lib = build(MATMUL_SOURCE)
+    if lib is None or not lib.row_matmul_available():
+        return None
+    lib.row_matmul_bf16.argtypes, lib.row_matmul_bf16.restype = MATMUL_ARGS, None
+    return lib
+
+
+def build(path: Path) -> ctypes.CDLL | None:
     cc = compiler()
     if cc is None or os.environ.get("TREEGEN_NO_KERNELS"):
         return None
-    source = SOURCE.read_bytes()
+    source = path.read_bytes()
     tag = hashlib.sha256(source + " ".join((cc, *FLAGS, platform.machine(), cpu_flags())).encode()).hexdigest()[:16]
-    built = cache_root() / "kernels" / f"row_attention-{tag}.so"
+    built = cache_root() / "kernels" / f"{path.stem}-{tag}.so"
     if not built.exists():
         built.parent.mkdir(parents=True, exist_ok=True)
         tmp = built.with_suffix(f".{os.getpid()}.tmp")
         try:
-            subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE), "-lm"], check=True, capture_output=True,
+            subprocess.run([cc, *FLAGS, "-o", str(tmp), str(path), "-lm"], check=True, capture_output=True,
                            timeout=120)
             tmp.replace(built)
         except (OSError, subprocess.SubprocessError):
             tmp.unlink(missing_ok=True)
             return None
     try:
-        lib = ctypes.CDLL(str(built))
+        return ctypes.CDLL(str(built))
     except OSError:
         return None
-    for name in ("attend_f32", "attend_bf16"):
-        getattr(lib, name).argtypes, getattr(lib, name).restype = ARGS, None
-    return lib
 
 
 def cpu_flags() -> str:
@@ -85,3 +103,29 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int,
        keys.stride(0), keys.stride(1), past, own.data_ptr(), count.data_ptr(), own.shape[1], scale,
        out.data_ptr(), torch.get_num_threads())
     return out
+
+
+def row_matmul_packable(weight: torch.Tensor) -> bool:
+    """A bf16 CPU weight the compiled product takes: outputs in whole 64s, an even width, the kernel built."""
+    n, k = weight.shape
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and n % 64 == 0 and k % 2 == 0
+            and matmul_library() is not None)
+
+
+def row_matmul_pack(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [N/16, K/2, 16, 2]: sixteen outputs' pairs of k side by side, as one load of the kernel."""
+    n, k = weight.shape
+    return weight.detach().view(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def row_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x [..., K] bf16 @ W.T with W packed by row_matmul_pack -> [..., N] bf16, each row alone in a fixed order."""
+    blocks, pairs = packed.shape[:2]
+    n, k = blocks * 16, pairs * 2
+    flat = x.reshape(-1, k)
+    if flat.stride(-1) != 1 or (flat.shape[0] > 1 and flat.stride(0) < k):
+        flat = flat.contiguous()
+    out = torch.empty(flat.shape[0], n, dtype=torch.bfloat16)
+    matmul_library().row_matmul_bf16(flat.data_ptr(), flat.shape[0], flat.stride(0), packed.data_ptr(), n, k,
+                                     out.data_ptr(), n, torch.get_num_threads())
+    return out.view(*x.shape[:-1], n)

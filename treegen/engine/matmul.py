@@ -9,6 +9,8 @@ Forms: "linear"   F.linear(x, W)                 transformers' own, kept unless 
        "packed"   oneDNN on W laid out once       a copy of W (within COPY_BUDGET)
        "t"        x @ Wt, Wt a [K, N] copy       a copy of W (within COPY_BUDGET)
        "swapped"  (W @ x^T)^T, made contiguous   no copy
+       "compiled" engine/row_matmul.c on W laid  a copy of W (within COPY_BUDGET); bf16 on a CPU with
+                  out for AVX512-BF16 dot products   AVX512-BF16: each row alone, in a fixed order
 Another layout sums the same products in another order: a row's last bits can differ from F.linear's, as
 they already do between F.linear's own batch sizes. The choice is kept on disk, so every run of a model
 computes its rows the same way.
@@ -24,9 +26,10 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from . import kernels
 from .disk import LoadWatch, cache_root, keep_if_quiet, read_table
 
-FORMS = ("linear", "packed", "t", "swapped")
+FORMS = ("linear", "packed", "t", "swapped", "compiled")
 ROWS = (1, 2, 4, 8, 16, 32, 64)     # measured row counts; a count uses the form of the next measured one up
 MARGIN = 0.85                       # another form replaces F.linear only when it takes < 85% of its time
 COLD_BYTES = 96 << 20               # weights rotated through while timing: more than a CPU's last-level cache
@@ -42,7 +45,7 @@ def applies(weight: torch.Tensor) -> bool:
             and TIMING_COPIES * weight.numel() * weight.element_size() <= copy_cap())
 
 
-TIMING_COPIES = 4   # the most copies of one weight alive while its forms are timed (the weight, t, packed, ...)
+TIMING_COPIES = 5   # the most copies of one weight alive while its forms are timed (the weight, t, packed, ...)
 
 
 def free_bytes() -> int:
@@ -84,8 +87,11 @@ class Matmul:
         self.weight = weight.detach()
         if forms is None:
             forms = self.choose(self.weight) if applies(self.weight) else dict.fromkeys(ROWS, "linear")
+        if "compiled" in forms.values() and not kernels.row_matmul_packable(self.weight):
+            forms = {n: ("linear" if f == "compiled" else f) for n, f in forms.items()}
         self.copies: dict[str, torch.Tensor] = {}
-        for form, make in (("packed", pack), ("t", lambda w: w.t().contiguous())):
+        for form, make in (("packed", pack), ("t", lambda w: w.t().contiguous()),
+                           ("compiled", kernels.row_matmul_pack)):
             if form in forms.values():
                 size = self.weight.numel() * self.weight.element_size()
                 if Matmul.copied + size <= copy_cap():
@@ -115,6 +121,8 @@ class Matmul:
             return F.linear(x, self.weight)
         if form == "packed":
             return packed_product(x.contiguous(), self.copies["packed"])
+        if form == "compiled":
+            return kernels.row_matmul(x, self.copies["compiled"])
         flat = x.reshape(rows, x.shape[-1])
         out = flat @ self.copies["t"] if form == "t" else (self.weight @ flat.t()).t().contiguous()
         return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -149,7 +157,7 @@ def time_forms(n_out: int, n_in: int, dtype, repeats: int = 7) -> dict[str, dict
     """Fastest of `repeats` timings per form and row count, each on a weight not read since the cache
     last held it (copies rotated through), as in a forward where the other layers' weights come between."""
     size = n_out * n_in * torch.finfo(dtype).bits // 8
-    copies = min(MAX_COPIES, max(2, -(-COLD_BYTES // size)), max(2, copy_cap() // (2 * size)))   # a small weight: a few reads between
+    copies = min(MAX_COPIES, max(2, -(-COLD_BYTES // size)), max(2, copy_cap() // (len(FORMS) * size)))   # a small weight: a few reads between
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(n_out, n_in, generator=gen).to(dtype)
     weights = [weight] + [weight.clone() for _ in range(copies - 1)]
@@ -159,6 +167,9 @@ def time_forms(n_out: int, n_in: int, dtype, repeats: int = 7) -> dict[str, dict
     if packable():
         packed = [pack(w) for w in weights]
         run["packed"] = lambda i, x: packed_product(x, packed[i])
+    if kernels.row_matmul_packable(weight):
+        laid = [kernels.row_matmul_pack(w) for w in weights]
+        run["compiled"] = lambda i, x: kernels.row_matmul(x, laid[i])
     seconds = {f: dict.fromkeys(ROWS, float("inf")) for f in run}
     turn = 0
     with torch.inference_mode():
@@ -259,6 +270,9 @@ def invariant_chunks(n_out: int, n_in: int, dtype) -> dict[str, int]:
         run["packed"] = lambda v: packed_product(v, packed)
     transposed = weight.t().contiguous()
     run["t"] = lambda v: v @ transposed
+    if kernels.row_matmul_packable(weight):
+        laid = kernels.row_matmul_pack(weight)
+        run["compiled"] = lambda v: kernels.row_matmul(v, laid)
     chunks = {}
     with torch.inference_mode():
         for form, product in run.items():
@@ -294,10 +308,11 @@ def pick_invariant(seconds: dict[str, dict[int, float]], chunks: dict[str, int])
 
 
 def table_key(weight: torch.Tensor) -> str:
-    """What a measured choice depends on: shape, dtype, threads, torch, CPU capability and host."""
+    """What a measured choice depends on: shape, dtype, threads, torch, CPU capability, host and the forms
+    there were to choose from."""
     n_out, n_in = weight.shape
     return (f"{n_out}x{n_in}|{weight.dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
-            f"|{torch.backends.cpu.get_cpu_capability()}|{machine()}")
+            f"|{torch.backends.cpu.get_cpu_capability()}|{machine()}|forms={','.join(FORMS)}")
 
 
 def machine() -> str:
