@@ -2,7 +2,7 @@
 
    Each (row, head) is one job that reads only its own query and its own key sequence (the committed
    positions, then its ancestors and itself, in order) and sums in a fixed order: 16 interleaved lanes,
-   then the lanes in order. No job reads another's data, so a row's bits do not depend on how many rows
+   then the lanes by a fixed tree. No job reads another's data, so a row's bits do not depend on how many rows
    the forward carries, nor on the thread count. */
 #include <math.h>
 #include <stdint.h>
@@ -40,10 +40,13 @@ static inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
+/* The lanes added pairwise, halves first (a fixed tree of depth 4, not a chain of 16: the next key's sum need
+   not wait for this one's). */
 static inline float lane_sum(const float *lanes) {
-    float total = 0.0f;
-    for (int l = 0; l < LANES; ++l) total += lanes[l];
-    return total;
+    float half[LANES / 2], quarter[LANES / 4];
+    for (int l = 0; l < LANES / 2; ++l) half[l] = lanes[l] + lanes[l + LANES / 2];
+    for (int l = 0; l < LANES / 4; ++l) quarter[l] = half[l] + half[l + LANES / 4];
+    return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
 }
 
 #define DEFINE_ATTEND(NAME, T, LOAD)                                                                         \
