@@ -60,3 +60,20 @@ def test_greedy_tokens_are_the_same_with_one_thread_and_two(two_threads):
         outputs.append([t for r in generate(model, drafter, prompt, GenerationConfig(max_new_tokens=40))
                         for t in r.tokens])
     assert outputs[0] == outputs[1]
+
+
+def test_the_demo_pair_on_a_busy_machine_gives_the_quiet_tokens(monkeypatch, tmp_path, two_threads):
+    """A greedy generation takes one thread when other work holds a core, and commits the same tokens."""
+    from treegen import Generator
+
+    monkeypatch.setenv("TREEGEN_CACHE", str(tmp_path))
+    gen = Generator(method="treeflash")
+    assert gen.thread_plan.allowed == (1, 2)
+    quiet = gen.generate("def parse(line):\n    ", max_new_tokens=40).token_ids
+    seen = []
+    monkeypatch.setattr(threads, "free_cores", lambda: (1, 2))
+    for chunk in gen.stream("def parse(line):\n    ", max_new_tokens=40):
+        seen.append(torch.get_num_threads())
+    assert set(seen) == {1} and torch.get_num_threads() == 2
+    assert gen.generate("def parse(line):\n    ", max_new_tokens=40).token_ids == quiet
+    assert Generator(method="ar", adapt_threads=False).thread_plan.allowed == ()

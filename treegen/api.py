@@ -23,6 +23,7 @@ from .engine.prefill import DEFAULT_CHUNK
 from .engine.prefix import PrefixCache
 from .engine.sampling import Sampler
 from .engine.stats import Stats
+from .engine.threads import ThreadPlan, neutral_counts
 from .loading import DEFAULT_ATTN, DEFAULT_DEVICE, DEFAULT_DTYPE, context_length, eos_ids, load_target
 from .validate import SAMPLING, check_sampling, effective_seed
 
@@ -85,6 +86,7 @@ class Generator:
     load_in_4bit: bool = False
     attn_implementation: str = DEFAULT_ATTN
     prefill_chunk: int = DEFAULT_CHUNK   # prompt rows per prefill forward (engine/prefill.py)
+    adapt_threads: bool = True           # greedy runs take only the free cores where that keeps the bits
 
     def __post_init__(self):
         from .config import resolve_model
@@ -98,6 +100,7 @@ class Generator:
             attn_implementation=self.attn_implementation)
         self.draft_model = build_drafter(self.method, self.model, self.drafter, self.method_options)
         self.verify_cost = self._verify_cost()
+        self.thread_plan = ThreadPlan(neutral_counts(self.model) if self.adapt_threads else ())
 
     def _verify_cost(self):
         """`budget: auto`: the target's forward time per row count, measured once per setting and cached."""
@@ -142,28 +145,35 @@ class Generator:
         """Yield a Chunk per round; stops at EOS, max_new_tokens, the context limit or a stop string.
         `prefix` (a chat's turns): reuse the cache rows of the prompt's start that the last generation left."""
         ids = self.encode(prompt)
-        rounds = generate(self.model, self.draft_model, torch.tensor(ids), self.config(**sampling), prefix)
-        return self._chunks(rounds, stop)
+        config = self.config(**sampling)
+        rounds = generate(self.model, self.draft_model, torch.tensor(ids), config, prefix)
+        return self._chunks(rounds, stop, 0.0 if config.sampler.greedy else config.sampler.temperature)
 
-    def _chunks(self, rounds: Iterator[Round], stop: tuple[str, ...]) -> Iterator[Chunk]:
+    def _chunks(self, rounds: Iterator[Round], stop: tuple[str, ...], temperature: float) -> Iterator[Chunk]:
         decoder, stats, text = StreamDecoder(self.tokenizer), Stats(), ""
         t0 = time.perf_counter()
         try:
-            for r in rounds:
-                delta, finish = decoder.push(r.tokens), r.finish
-                if finish:
-                    delta += decoder.flush()  # the text of the last round is final: hold nothing back
-                cut = _stop_at(text, delta, stop)
-                if cut is not None:
-                    delta, finish = delta[:cut], "stop"
-                text += delta
-                stats.add(r)
-                stats.wall_time, stats.finish = time.perf_counter() - t0, finish
-                yield Chunk(delta, r, stats, finish)
-                if finish:
-                    return
+            with self.thread_plan.greedy(temperature):   # fewer threads on a busy machine, the same tokens
+                yield from self._rounds(rounds, decoder, stats, text, stop, t0)
         finally:
             rounds.close()  # a consumer that stops early (Ctrl-C, closed pipe) frees the cache now
+
+    @staticmethod
+    def _rounds(rounds: Iterator[Round], decoder: StreamDecoder, stats: Stats, text: str, stop: tuple[str, ...],
+                t0: float) -> Iterator[Chunk]:
+        for r in rounds:
+            delta, finish = decoder.push(r.tokens), r.finish
+            if finish:
+                delta += decoder.flush()  # the text of the last round is final: hold nothing back
+            cut = _stop_at(text, delta, stop)
+            if cut is not None:
+                delta, finish = delta[:cut], "stop"
+            text += delta
+            stats.add(r)
+            stats.wall_time, stats.finish = time.perf_counter() - t0, finish
+            yield Chunk(delta, r, stats, finish)
+            if finish:
+                return
 
     def generate(self, prompt: str | list[int], **kwargs) -> Completion:
         prompt_ids = self.encode(prompt)

@@ -214,7 +214,7 @@ def load_generator(cfg: RunConfig, load: dict, quiet: bool):
     what = "the demo target" if Path(cfg.target) == assets.DEMO_TARGET else cfg.target
     with loading_notice(what, quiet), quiet_conversion() if quiet else nullcontext():
         return Generator(target=cfg.target, drafter=cfg.drafter, method=cfg.method,
-                         method_options=dict(cfg.method_options), **load)
+                         method_options=dict(cfg.method_options), adapt_threads=cfg.threads is None, **load)
 
 
 def quiet_bitsandbytes() -> None:

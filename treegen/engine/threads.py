@@ -1,7 +1,8 @@
 """How many threads a CPU run uses. OpenMP's threads wait for each other at every op; on a machine where other
 work holds cores, a thread that waits for a busy core stalls the rest (tens of times slower, not a little).
-The thread count is not changed behind the user's back (a row's bits may depend on it, and the same command
-must give the same tokens every run): a run on a busy machine says so and names --threads."""
+A greedy generation takes only the free cores, and only thread counts with which this model's logits were
+checked to be the same bits (the same command gives the same tokens every run, busy or not); --threads
+fixes the count; a sampled run keeps it and says so on a busy machine."""
 from __future__ import annotations
 
 import os
@@ -34,8 +35,9 @@ def choose(requested: int | None, device_type: str = "cpu") -> str | None:
         return None
     free, cores = free_cores()
     if free < torch.get_num_threads():
-        return (f"other processes are using {cores - free} of {cores} cores: with {torch.get_num_threads()} "
-                f"threads this run may be many times slower; --threads {free} avoids the wait")
+        return (f"other processes are using {cores - free} of {cores} cores: greedy runs take the free ones (the "
+                f"same tokens); a sampled run keeps {torch.get_num_threads()} threads and may be many times slower "
+                f"(--threads {free} avoids the wait)")
     return None
 
 
