@@ -66,13 +66,13 @@ def test_a_busy_machine_is_named_and_the_thread_count_kept(monkeypatch):
     try:
         torch.set_num_threads(2)
         monkeypatch.setattr(disk, "BUSY_SHARE", 0.15)
-        monkeypatch.setattr(disk, "busy_cores", lambda: 64.0)
+        monkeypatch.setattr(disk, "busy_cores", lambda seconds=0.2: 64.0)
         monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
         line = threads.choose(None)
         assert "--threads 1" in line and torch.get_num_threads() == 2   # said, not changed: same bits
         assert threads.choose(3) is None and torch.get_num_threads() == 3   # asked for: kept
         assert threads.choose(None, "cuda") is None                        # not a CPU run
-        monkeypatch.setattr(disk, "busy_cores", lambda: 0.0)
+        monkeypatch.setattr(disk, "busy_cores", lambda seconds=0.2: 0.0)
         torch.set_num_threads(2)
         assert threads.choose(None) is None
     finally:

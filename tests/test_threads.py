@@ -36,7 +36,7 @@ def test_a_count_whose_bits_differ_is_not_allowed(tmp_path, monkeypatch, two_thr
 
 
 def test_a_greedy_generation_takes_the_free_cores(monkeypatch, two_threads):
-    monkeypatch.setattr(threads, "free_cores", lambda: (1, 2))
+    monkeypatch.setattr(threads, "free_cores", lambda seconds=0.2: (1, 2))
     plan = threads.ThreadPlan((1, 2))
     with plan.greedy(0.0) as chosen:
         assert chosen == 1 and torch.get_num_threads() == 1
@@ -71,7 +71,7 @@ def test_the_demo_pair_on_a_busy_machine_gives_the_quiet_tokens(monkeypatch, tmp
     assert gen.thread_plan.allowed == (1, 2)
     quiet = gen.generate("def parse(line):\n    ", max_new_tokens=40).token_ids
     seen = []
-    monkeypatch.setattr(threads, "free_cores", lambda: (1, 2))
+    monkeypatch.setattr(threads, "free_cores", lambda seconds=0.2: (1, 2))
     for chunk in gen.stream("def parse(line):\n    ", max_new_tokens=40):
         seen.append(torch.get_num_threads())
     assert set(seen) == {1} and torch.get_num_threads() == 2

@@ -11,13 +11,14 @@ from contextlib import contextmanager
 from . import disk
 
 
-def free_cores() -> tuple[int, int]:
-    """(cores other processes leave free now, at least one; cores this process may use)."""
+def free_cores(seconds: float = 0.2) -> tuple[int, int]:
+    """(cores other processes leave free now, at least one; cores this process may use), from a sample of
+    `seconds`."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    busy = disk.busy_cores()
+    busy = disk.busy_cores(seconds)
     if busy <= disk.BUSY_SHARE * cores:   # a passing blip, not a held core
         return cores, cores
     return max(1, min(cores, round(cores - busy))), cores
@@ -39,6 +40,9 @@ def choose(requested: int | None, device_type: str = "cpu") -> str | None:
                 f"same tokens); a sampled run keeps {torch.get_num_threads()} threads and may be many times slower "
                 f"(--threads {free} avoids the wait)")
     return None
+
+
+GENERATION_SAMPLE = 0.05   # seconds of /proc sampling before each greedy generation (a chat message waits it)
 
 
 def candidate_counts(cores: int) -> tuple[int, ...]:
@@ -65,7 +69,7 @@ class ThreadPlan:
         if temperature > 0 or len(fitting) < 2:
             yield before
             return
-        free, _ = free_cores()
+        free, _ = free_cores(GENERATION_SAMPLE)
         chosen = max([t for t in fitting if t <= free] or [min(fitting)])
         torch.set_num_threads(chosen)
         try:
