@@ -126,3 +126,23 @@ def test_the_same_command_gives_the_same_tokens_in_fresh_processes(tmp_path):
                                "--method", "treeflash", "-n", "24", "--quiet"], capture_output=True, text=True,
                               env=env, timeout=300, check=True).stdout for _ in range(5)}
     assert len(outputs) == 1 and outputs.pop().strip()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_compiled_norm_and_rotary_agree_with_torch_up_to_rounding(dtype):
+    from treegen.engine import fast_decoder
+
+    x = torch.randn(1, 5, 4, 64, generator=torch.Generator().manual_seed(4)).to(dtype)
+    if not kernels.ops_usable(x, 64):
+        pytest.skip("no C compiler")
+    weight = torch.rand(64).to(dtype) + 0.5
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(kernels.rms_norm(x, weight, 1e-6).float(),
+                               fast_decoder.rms_norm(x, weight, 1e-6).float(), rtol=tol, atol=tol)
+    angles = torch.arange(5)[:, None].float() * torch.rand(64)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    expected = x.transpose(1, 2) * cos + fast_decoder.rotate_half(x.transpose(1, 2)) * sin
+    torch.testing.assert_close(kernels.rope_(x.clone(), cos, sin).transpose(1, 2).float(), expected.float(),
+                               rtol=tol, atol=tol)
+    alone = torch.cat([kernels.rms_norm(x[:, i:i + 1], weight, 1e-6) for i in range(5)], dim=1)
+    assert torch.equal(alone, kernels.rms_norm(x, weight, 1e-6))   # each row alone

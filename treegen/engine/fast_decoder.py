@@ -1,7 +1,10 @@
-"""A lean decoder forward for Qwen3 and Llama targets on a CPU: transformers' torch ops, in the same order and
-on the same shapes (bit for bit the same hidden states and cache, tested), without the module calls, hooks,
-output recording and mask preparation around them; one departure, also bit for bit the same: several query
-rows attend through SDPA's grouped-query path instead of a repeated copy of the keys and values.
+"""A lean decoder forward for Qwen3 and Llama targets on a CPU, without the module calls, hooks, output
+recording and mask preparation around transformers' ops. Two paths:
+- invariant (the engine's): row-invariant projections and attention (engine/matmul.py, engine/invariant.py),
+  and the norms and rotary embedding as one compiled call each (engine/row_ops.c) where the kernels build;
+- plain: transformers' torch ops in the same order on the same shapes (bit for bit the same hidden states
+  and cache, tested); one departure, also bit for bit the same: several query rows attend through SDPA's
+  grouped-query path instead of a repeated copy of the keys and values.
 
 Why: on a small target much of a one-row step through transformers is per-op Python around ~40 small ops a
 layer, not the matrix multiplies; this path drops it (docs/benchmarks.md: ar against hf-generate). It
@@ -13,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import invariant
+from . import invariant, kernels
 from .matmul import Matmul, matmul_for
 
 ARCHITECTURES = ("qwen3", "llama")
@@ -113,25 +116,36 @@ class FastDecoder:
         freqs = positions[..., None].float() * self.inv_freq.to(torch.float)
         angles = torch.cat((freqs, freqs), dim=-1)
         cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
+        # the invariant path's norms and rotary embedding: one compiled call each (row_ops.c), where built
+        compiled = self.invariant and ids.shape[0] == 1 and kernels.ops_usable(x, self.head_dim) \
+            and kernels.ops_usable(x, x.shape[-1])
+        norm = kernels.rms_norm if compiled else rms_norm
         hidden = [x]
         order = invariant.tree_order(mask) if self.invariant else None
         for i, (norm1, qkv, wo, qk_norm, norm2, gate_up, wd) in enumerate(self.layers):
-            x = x + self.attention(rms_norm(x, norm1, self.eps), qkv, wo, qk_norm, cos, sin, mask, order,
-                                   cache.layers[i])
-            gate, up = gate_up(rms_norm(x, norm2, self.eps))
+            x = x + self.attention(norm(x, norm1, self.eps), qkv, wo, qk_norm, cos, sin, mask, order,
+                                   cache.layers[i], compiled)
+            gate, up = gate_up(norm(x, norm2, self.eps))
             x = x + wd(F.silu(gate) * up)
             hidden.append(x)
-        hidden[-1] = rms_norm(x, self.norm, self.eps)
+        hidden[-1] = norm(x, self.norm, self.eps)
         return hidden[-1], hidden
 
-    def attention(self, h, qkv, wo, qk_norm, cos, sin, mask, order, layer) -> torch.Tensor:
+    def attention(self, h, qkv, wo, qk_norm, cos, sin, mask, order, layer, compiled=False) -> torch.Tensor:
         batch, n, _ = h.shape
         shape = (batch, n, -1, self.head_dim)
         q, k, v = (t.view(shape) for t in qkv(h))
-        if qk_norm is not None:
-            q, k = rms_norm(q, qk_norm[0], self.eps), rms_norm(k, qk_norm[1], self.eps)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if compiled:   # rotated in place before the heads move to dim 1 (cos / sin [n, D])
+            if qk_norm is not None:
+                q, k = kernels.rms_norm(q, qk_norm[0], self.eps), kernels.rms_norm(k, qk_norm[1], self.eps)
+            table_cos, table_sin = cos.view(n, -1), sin.view(n, -1)
+            q, k = kernels.rope_(q, table_cos, table_sin), kernels.rope_(k, table_cos, table_sin)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        else:
+            if qk_norm is not None:
+                q, k = rms_norm(q, qk_norm[0], self.eps), rms_norm(k, qk_norm[1], self.eps)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         keys, values = layer.update(k, v)
         if self.invariant:
             out = invariant.attention(q, keys, values, order, self.scale)

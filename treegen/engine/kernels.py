@@ -19,10 +19,14 @@ from .disk import cache_root
 
 SOURCE = Path(__file__).with_name("row_attention.c")
 MATMUL_SOURCE = Path(__file__).with_name("row_matmul.c")
+OPS_SOURCE = Path(__file__).with_name("row_ops.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math")
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 ARGS = [_ptr, _ptr, _ptr] + [_i64] * 9 + [_ptr, _ptr, _i64, ctypes.c_float, _ptr, ctypes.c_int]
 MATMUL_ARGS = [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, ctypes.c_int]
+NORM_ARGS = [_ptr, _i64, _i64, _i64, _ptr, ctypes.c_float, _ptr]
+ROPE_ARGS = [_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr]
+MAX_ROPE_DIM = 1024
 
 
 def compiler() -> str | None:
@@ -46,6 +50,17 @@ def matmul_library() -> ctypes.CDLL | None:
     if lib is None or not lib.row_matmul_available():
         return None
     lib.row_matmul_bf16.argtypes, lib.row_matmul_bf16.restype = MATMUL_ARGS, None
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def ops_library() -> ctypes.CDLL | None:
+    """The built row-wise ops (RMS norm, rotary embedding), or None (as library())."""
+    lib = build(OPS_SOURCE)
+    if lib is not None:
+        for name, args in (("rms_norm_f32", NORM_ARGS), ("rms_norm_bf16", NORM_ARGS), ("rope_f32", ROPE_ARGS),
+                           ("rope_bf16", ROPE_ARGS)):
+            getattr(lib, name).argtypes, getattr(lib, name).restype = args, None
     return lib
 
 
@@ -129,3 +144,33 @@ def row_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     matmul_library().row_matmul_bf16(flat.data_ptr(), flat.shape[0], flat.stride(0), packed.data_ptr(), n, k,
                                      out.data_ptr(), n, torch.get_num_threads())
     return out.view(*x.shape[:-1], n)
+
+
+def ops_usable(x: torch.Tensor, dim: int) -> bool:
+    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and dim % 16 == 0
+            and dim <= MAX_ROPE_DIM and ops_library() is not None)
+
+
+def _suffix(x: torch.Tensor) -> str:
+    return "bf16" if x.dtype == torch.bfloat16 else "f32"
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] -> weight * (x * rsqrt(mean(x^2) + eps)) in x's dtype, each row alone (row_ops.c)."""
+    dim = x.shape[-1]
+    if not x.is_contiguous():
+        x = x.contiguous()
+    out = torch.empty_like(x)
+    getattr(ops_library(), f"rms_norm_{_suffix(x)}")(x.data_ptr(), x.numel() // dim, dim, dim,
+                                                      weight.data_ptr(), eps, out.data_ptr())
+    return out
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotates x [1, n, heads, D] in place (heads D apart within a row, rows any stride apart) by cos / sin
+    [n, D] of its dtype: x * cos + rotate_half(x) * sin (row_ops.c)."""
+    _, n, heads, dim = x.shape
+    assert x.stride(3) == 1 and x.stride(2) == dim and cos.is_contiguous() and sin.is_contiguous()
+    getattr(ops_library(), f"rope_{_suffix(x)}")(x.data_ptr(), n, x.stride(1), heads, dim, cos.data_ptr(),
+                                                 sin.data_ptr())
+    return x
