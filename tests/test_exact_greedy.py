@@ -13,6 +13,7 @@ import torch
 from conftest import tiny_llama, tiny_qwen3
 
 from treegen.drafters import build_drafter
+from treegen.engine.drafter import Drafter
 from treegen.engine.generate import GenerationConfig, _Loop, generate
 from treegen.engine.tree import DraftTree
 
@@ -61,11 +62,10 @@ def run(model, drafter, prompt: list[int], n: int = N, eos: frozenset[int] = fro
     return [t for r in rounds for t in r.tokens], rounds
 
 
-class FixedTreeDrafter:
+class FixedTreeDrafter(Drafter):
     """The same hand-built tree every round: every token of the vocabulary under the anchor (so one draft
     is always accepted), duplicate siblings with their own subtrees, and a chain deeper than any limit."""
     name = "fixed-tree"
-    target_layer_ids: tuple[int, ...] = ()
 
     def __init__(self):
         tokens, parents = list(range(VOCAB)), [-1] * VOCAB

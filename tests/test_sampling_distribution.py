@@ -22,6 +22,7 @@ from conftest import tiny_qwen3
 from transformers import PretrainedConfig
 
 import treegen.engine.generate as engine
+from treegen.engine.drafter import Drafter
 from treegen.engine.generate import GenerationConfig, generate
 from treegen.engine.sampling import Sampler
 from treegen.engine.tree import DraftTree
@@ -107,9 +108,8 @@ def exact_joint(model, sampler: Sampler) -> torch.Tensor:
     return (p1[:, None, None] * p2[:, :, None] * p3).flatten()
 
 
-class ContextFreeDrafter:
+class ContextFreeDrafter(Drafter):
     """A test drafter that keeps no context: begin and commit do nothing."""
-    target_layer_ids: tuple[int, ...] = ()
 
     def begin(self, prompt, features) -> None:
         pass

@@ -19,7 +19,7 @@ class MethodError(ValueError):
 class Method:
     name: str
     description: str
-    build: Callable[..., Any]   # build(target_model, drafter_path, **options) -> Drafter
+    build: Callable[..., Any]   # build(target_model, drafter_path[, drawing], **options) -> Drafter
     needs_drafter: bool = False
     tree: bool = False          # drafts a tree: at T > 0 its drawn chain gets drawn siblings (`draws`)
 
@@ -50,41 +50,44 @@ def _pld(target, drafter_path, *, max_ngram: int = D.PLD_MAX_NGRAM, min_ngram: i
     return PromptLookupDrafter(max_ngram, min_ngram, draft_len, branches)
 
 
-def _dflash(target, drafter_path):
+# a drafter's method's builder also takes the Drawing (its `sample`, `draws`, `draw_shape` options)
+def _dflash(target, drafter_path, drawing):
     from .dflash import DFlashChainDrafter, load_block
-    return DFlashChainDrafter(load_block(target, drafter_path))
+    return DFlashChainDrafter(load_block(target, drafter_path), drawing=drawing)
 
 
-def _ddtree(target, drafter_path, *, budget: int = D.DDTREE_BUDGET, top_k: int = D.DDTREE_TOP_K):
+def _ddtree(target, drafter_path, drawing, *, budget: int = D.DDTREE_BUDGET, top_k: int = D.DDTREE_TOP_K):
     from .ddtree import DDTreeDrafter
     from .dflash import load_block
-    return DDTreeDrafter(load_block(target, drafter_path), budget, top_k)
+    return DDTreeDrafter(load_block(target, drafter_path), budget, top_k, drawing=drawing)
 
 
-def _treeflash(target, drafter_path, *, budget: int = D.TREEFLASH_BUDGET, top_m: int = D.TREEFLASH_TOP_M,
+def _treeflash(target, drafter_path, drawing, *, budget: int = D.TREEFLASH_BUDGET, top_m: int = D.TREEFLASH_TOP_M,
                top_k: int = D.TREEFLASH_TOP_K, temperature: float = D.TREEFLASH_TEMPERATURE,
                support: int | None = None):
     from .treeflash import TreeFlashDrafter, load_treeflash_block
-    return TreeFlashDrafter(*load_treeflash_block(target, drafter_path), budget, top_m, top_k, temperature, support)
+    return TreeFlashDrafter(*load_treeflash_block(target, drafter_path), budget, top_m, top_k, temperature, support,
+                            drawing=drawing)
 
 
-def _domino(target, drafter_path):
+def _domino(target, drafter_path, drawing):
     from .domino import DominoDrafter, load_head_block
-    return DominoDrafter(*load_head_block(target, drafter_path))
+    return DominoDrafter(*load_head_block(target, drafter_path), drawing=drawing)
 
 
-def _dartree(target, drafter_path, *, budget: int = D.DARTREE_BUDGET, candidates: int = D.DARTREE_CANDIDATES,
-             width: int = D.DARTREE_WIDTH, depth_bonus: float = D.DARTREE_DEPTH_BONUS,
-             variant: str = D.DARTREE_VARIANT):
+def _dartree(target, drafter_path, drawing, *, budget: int = D.DARTREE_BUDGET,
+             candidates: int = D.DARTREE_CANDIDATES, width: int = D.DARTREE_WIDTH,
+             depth_bonus: float = D.DARTREE_DEPTH_BONUS, variant: str = D.DARTREE_VARIANT):
     from .dartree import DARTreeDrafter
     from .domino import load_head_block
-    return DARTreeDrafter(*load_head_block(target, drafter_path), budget, candidates, width, depth_bonus, variant)
+    return DARTreeDrafter(*load_head_block(target, drafter_path), budget, candidates, width, depth_bonus, variant,
+                          drawing=drawing)
 
 
-def _d2sd(target, drafter_path, *, vp_drafter: str | None = None, k: int = D.D2SD_K, b2: int = D.D2SD_B2,
+def _d2sd(target, drafter_path, drawing, *, vp_drafter: str | None = None, k: int = D.D2SD_K, b2: int = D.D2SD_B2,
           budget: int = D.D2SD_BUDGET, skip_rejected: bool = D.D2SD_SKIP_REJECTED, branch: str = D.D2SD_BRANCH):
     from .d2sd import build_d2sd
-    return build_d2sd(target, drafter_path, vp_drafter, k, b2, budget, skip_rejected, branch)
+    return build_d2sd(target, drafter_path, vp_drafter, k, b2, budget, skip_rejected, branch, drawing)
 
 
 METHODS: dict[str, Method] = {}
@@ -174,14 +177,16 @@ def build_drafter(name: str, target, drafter_path: str | None = None, options: d
     options = check_options(method, dict(options or {}))
     if auto_budget(options):  # the drafter drafts its ceiling; the engine trims each round (engine/budget.py)
         options["budget"] = D.AUTO_CEILING
-    lookup, sample, draws = options.pop("lookup", False), options.pop("sample", False), options.pop("draws", 1)
-    draw_shape = options.pop("draw_shape", D.DRAW_SHAPE)
-    dtype = options.pop("dtype", D.DTYPE)
-    drafter = method.build(target, drafter_path, **options)
+    lookup, dtype = options.pop("lookup", False), options.pop("dtype", D.DTYPE)
     if method.needs_drafter:
+        from .base import Drawing
         from .precision import draft_dtype
-        drafter.sample, drafter.draws, drafter.draw_shape = sample, draws, draw_shape
+
+        drawing = Drawing(options.pop("sample"), options.pop("draws"), options.pop("draw_shape", D.DRAW_SHAPE))
+        drafter = method.build(target, drafter_path, drawing, **options)
         drafter.cast(draft_dtype(dtype, target))
+    else:
+        drafter = method.build(target, drafter_path, **options)
     if lookup:
         from .lookup import LookupFirst
         drafter = LookupFirst(drafter)

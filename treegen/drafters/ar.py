@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 from ..engine.tree import DraftTree
-from .base import DraftState
+from .base import Drafter, DraftState
 
 
-class ARDrafter:
+class ARDrafter(Drafter):
     name = "ar"
-    target_layer_ids: tuple[int, ...] = ()
 
     def begin(self, prompt, features) -> None:
         pass

@@ -1,14 +1,24 @@
 """The Drafter protocol lives in the engine (treegen.engine.drafter); drafters import it from here too.
 Also: drawing a chain from draft laws (`sample: true` at T > 0), with `draws` children per depth."""
 import itertools
+from dataclasses import dataclass
 
 import torch
 
 from ..engine.drafter import Drafter, DraftState
 from ..engine.tree import DraftTree, widths
+from . import defaults as D
 
-__all__ = ["DraftState", "Drafter", "draw", "inverse_cdf", "law_chain", "race", "sampled_chain", "widths", "with_siblings",
-           "with_spine"]
+__all__ = ["DraftState", "Drafter", "Drawing", "draw", "inverse_cdf", "law_chain", "race", "sampled_chain", "widths",
+           "with_siblings", "with_spine"]
+
+
+@dataclass(frozen=True)
+class Drawing:
+    """How a drafter with draft laws drafts at T > 0: the `sample`, `draws` and `draw_shape` options."""
+    sample: bool = D.SAMPLE   # a chain drawn from the draft laws first (speculative sampling)
+    draws: int = D.DRAWS      # drawn children at depth 1 (with_siblings), halving with depth
+    shape: str = D.DRAW_SHAPE  # the drawn part: "chain" (with its siblings) or "tree" (drafters/drawn.py)
 
 
 def draw(logits: torch.Tensor, state: DraftState) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,7 @@ from ..engine.tree import DraftTree, merge_paths
 from ..models.checkpoint import CheckpointError
 from ..models.vp_drafter import is_variable_prefix
 from . import defaults as D
-from .base import DraftState, with_spine
+from .base import DraftState, Drawing, with_spine
 from .dflash import DFlashBlock, load_block
 from .drawn import marginal_spine
 
@@ -59,7 +59,7 @@ class D2SDDrafter(BuildClock):
 
     def __init__(self, first: DFlashBlock, vp: DFlashBlock, k: int = D.D2SD_K, b2: int = D.D2SD_B2,
                  budget: int = D.D2SD_BUDGET, skip_rejected: bool = D.D2SD_SKIP_REJECTED,
-                 branch: str = D.D2SD_BRANCH):
+                 branch: str = D.D2SD_BRANCH, *, drawing: Drawing | None = None):
         check_options(first.block_size, k, b2, budget, branch)
         if vp.target_layer_ids != first.target_layer_ids:
             raise CheckpointError(f"the VP-drafter reads target layers {list(vp.target_layer_ids)}, the DFlash "
@@ -68,9 +68,10 @@ class D2SDDrafter(BuildClock):
         self.k, self.b2, self.budget = k, b2 or first.block_size, budget
         self.skip_rejected, self.branch = skip_rejected, branch
         self.target_layer_ids = first.target_layer_ids
-        self.sample = D.SAMPLE   # set by build_drafter: at T > 0 a chain drawn from the marginals goes first
-        self.draws = D.DRAWS     # and its drawn children per depth (base.with_siblings)
-        self.draw_shape = D.DRAW_SHAPE   # or a whole drawn tree (drafters/drawn.py)
+        drawing = drawing or Drawing()
+        self.sample = drawing.sample   # at T > 0 a chain drawn from the marginals goes first
+        self.draws = drawing.draws     # and its drawn children per depth (base.with_siblings)
+        self.draw_shape = drawing.shape   # or a whole drawn tree (drafters/drawn.py)
 
     def cast(self, dtype: torch.dtype) -> None:
         """Both drafters in `dtype`, sharing one copy of the target's embedding and lm_head."""
@@ -170,7 +171,7 @@ def check_options(block_size: int, k: int, b2: int, budget: int, branch: str = D
 
 
 def build_d2sd(target, drafter_path: str, vp_drafter: str | None, k: int, b2: int, budget: int,
-               skip_rejected: bool, branch: str = D.D2SD_BRANCH) -> D2SDDrafter:
+               skip_rejected: bool, branch: str = D.D2SD_BRANCH, drawing: Drawing | None = None) -> D2SDDrafter:
     if vp_drafter is not None and not isinstance(vp_drafter, str):
         raise ValueError(f"d2sd vp_drafter must be a folder, hub id or demo/NAME, got {vp_drafter!r}")
     check_options(1, k, b2, budget, branch)  # the ranges that need no checkpoint, before anything loads
@@ -187,7 +188,7 @@ def build_d2sd(target, drafter_path: str, vp_drafter: str | None, k: int, b2: in
         print(f"treegen: note: d2sd's VP-drafter {vp_path} is a plain DFlash drafter (no "
               f"dflash_config.variable_prefix); it runs losslessly but was not trained on visible prefixes",
               file=sys.stderr)
-    return D2SDDrafter(first, vp, k, b2, budget, skip_rejected, branch)
+    return D2SDDrafter(first, vp, k, b2, budget, skip_rejected, branch, drawing=drawing)
 
 
 def resolve_vp(drafter_path: str, vp_drafter: str | None) -> str:

@@ -16,7 +16,7 @@ import torch
 
 from ..engine.tree import DraftTree
 from . import defaults as D
-from .base import with_siblings, with_spine
+from .base import Drawing, with_siblings, with_spine
 from .dflash import DFlashBlock
 from .domino import HeadDrafter
 from .drawn import Level, drawn_tree, first_draws
@@ -29,7 +29,8 @@ class DARTreeDrafter(HeadDrafter):
 
     def __init__(self, block: DFlashBlock, head, budget: int = D.DARTREE_BUDGET,
                  candidates: int = D.DARTREE_CANDIDATES, width: int = D.DARTREE_WIDTH,
-                 depth_bonus: float = D.DARTREE_DEPTH_BONUS, variant: str = D.DARTREE_VARIANT):
+                 depth_bonus: float = D.DARTREE_DEPTH_BONUS, variant: str = D.DARTREE_VARIANT, *,
+                 drawing: Drawing | None = None):
         for name, value in (("budget", budget), ("candidates", candidates), ("width", width)):
             if value < 1:
                 raise ValueError(f"dartree {name} must be >= 1, got {value}")
@@ -38,7 +39,7 @@ class DARTreeDrafter(HeadDrafter):
         if depth_bonus > 0:
             raise ValueError(f"dartree depth_bonus must be <= 0 (a bonus for depth could keep a child without "
                              f"its parent), got {depth_bonus}")
-        super().__init__(block, head)
+        super().__init__(block, head, drawing=drawing)
         self.budget, self.candidates, self.width = budget, candidates, width
         self.depth_bonus, self.variant = float(depth_bonus), variant
 

@@ -6,7 +6,7 @@ import torch
 
 from ..engine.tree import DraftTree
 from . import defaults as D
-from .base import with_spine
+from .base import Drawing, with_spine
 from .best_first import marginal_tree
 from .dflash import BlockDrafter, DFlashBlock
 from .drawn import marginal_spine
@@ -15,10 +15,11 @@ from .drawn import marginal_spine
 class DDTreeDrafter(BlockDrafter):
     name = "ddtree"
 
-    def __init__(self, block: DFlashBlock, budget: int = D.DDTREE_BUDGET, top_k: int = D.DDTREE_TOP_K):
+    def __init__(self, block: DFlashBlock, budget: int = D.DDTREE_BUDGET, top_k: int = D.DDTREE_TOP_K, *,
+                 drawing: Drawing | None = None):
         if budget < 1:
             raise ValueError(f"ddtree budget must be >= 1, got {budget}")
-        super().__init__(block)
+        super().__init__(block, drawing=drawing)
         self.budget = budget
         self.top_k = top_k or budget  # no node can rank below `budget` among its siblings
 

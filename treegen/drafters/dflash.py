@@ -10,8 +10,7 @@ from ..engine.prefill import input_device
 from ..engine.tree import DraftTree
 from ..models.checkpoint import check_fits, load_dflash
 from ..models.dflash import ContextKV, DFlashDrafter
-from . import defaults as D
-from .base import DraftState, sampled_chain
+from .base import DraftState, Drawing, sampled_chain
 from .precision import embedding_on, head_on
 
 
@@ -94,12 +93,13 @@ class BlockDrafter(BuildClock):
     """A method that drafts from one DFlash pass per round; subclasses turn the marginals into a tree."""
     name = "block"
 
-    def __init__(self, block: DFlashBlock):
+    def __init__(self, block: DFlashBlock, *, drawing: Drawing | None = None):
+        drawing = drawing or Drawing()
         self.block = block
         self.target_layer_ids = block.target_layer_ids
-        self.sample, self.law = D.SAMPLE, None   # `sample` (set by build_drafter); this round's law, if drawing
-        self.draws = D.DRAWS                     # drawn children per depth, with `sample` (base.with_siblings)
-        self.draw_shape = D.DRAW_SHAPE           # a drawn chain with siblings, or a drawn tree (drafters/drawn.py)
+        self.sample, self.law = drawing.sample, None   # `sample`; this round's law, if drawing
+        self.draws = drawing.draws               # drawn children per depth, with `sample` (base.with_siblings)
+        self.draw_shape = drawing.shape          # a drawn chain with siblings, or a drawn tree (drafters/drawn.py)
         self.max_nodes: int | None = None        # this round's cap from the engine (budget: auto), if any
 
     @property

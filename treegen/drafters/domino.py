@@ -8,7 +8,7 @@ import torch
 from ..engine.matmul import tune_linears
 from ..engine.tree import DraftTree
 from ..models.domino import DominoHead, HeadTables, check_domino_fits, load_domino
-from .base import DraftState, draw, with_siblings
+from .base import DraftState, Drawing, draw, with_siblings
 from .dflash import BlockDrafter, DFlashBlock
 
 
@@ -16,8 +16,8 @@ class HeadDrafter(BlockDrafter):
     """One backbone pass per round gives z [D, H] and base logits [D, V]; subclasses draft from them."""
     name = "domino-head"
 
-    def __init__(self, block: DFlashBlock, head: DominoHead):
-        super().__init__(block)
+    def __init__(self, block: DFlashBlock, head: DominoHead, *, drawing: Drawing | None = None):
+        super().__init__(block, drawing=drawing)
         self.head, self.head_model = head.config, head
         self.tables = HeadTables(head, block.embed.weight)
         self.max_drafts = self.head.drafts(block.block_size)

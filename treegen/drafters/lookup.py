@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..engine.drafter import sync
+from ..engine.drafter import Drafter, sync
 from ..engine.tree import DraftTree
 from .base import DraftState
 from .pld import PromptLookupDrafter, trie
@@ -47,10 +47,10 @@ class Arm:
         self.seconds += w * (seconds - self.seconds)
 
 
-class LookupFirst:
+class LookupFirst(Drafter):
     """Wraps a drafter: routes each round to lookup, the drafter's tree, or plain decoding (see above)."""
 
-    def __init__(self, inner, lookup: PromptLookupDrafter | None = None):
+    def __init__(self, inner: Drafter, lookup: PromptLookupDrafter | None = None):
         self.inner, self.lookup = inner, lookup or PromptLookupDrafter()
         self.name = inner.name
         self.target_layer_ids = inner.target_layer_ids
@@ -62,16 +62,15 @@ class LookupFirst:
 
     @property
     def draw_shape(self) -> str:   # the engine's auto budget costs a drawn part by it
-        return getattr(self.inner, "draw_shape", "chain")
+        return self.inner.draw_shape
 
     @property
     def t_build(self) -> float:   # the engine reads the tree build time of the last proposal
-        return getattr(self.inner, "t_build", 0.0) if self.way == "tree" else 0.0
+        return self.inner.t_build if self.way == "tree" else 0.0
 
     @t_build.setter
     def t_build(self, value: float) -> None:
-        if hasattr(self.inner, "t_build"):
-            self.inner.t_build = value
+        self.inner.t_build = value
 
     def begin(self, prompt, features) -> None:
         self.pending, self.device, self.first = None, prompt.device, True

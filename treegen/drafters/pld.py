@@ -6,12 +6,11 @@ import torch
 
 from ..engine.tree import DraftTree
 from . import defaults as D
-from .base import DraftState
+from .base import Drafter, DraftState
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     name = "pld"
-    target_layer_ids: tuple[int, ...] = ()
 
     def __init__(self, max_ngram: int = D.PLD_MAX_NGRAM, min_ngram: int = D.PLD_MIN_NGRAM,
                  draft_len: int = D.PLD_DRAFT_LEN, branches: int = D.PLD_BRANCHES):

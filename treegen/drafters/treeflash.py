@@ -19,7 +19,7 @@ from ..engine.matmul import tune_linears
 from ..engine.tree import DraftTree, widths
 from ..models.treeflash import TreeFlashModel, fits, load_treeflash
 from . import defaults as D
-from .base import draw, inverse_cdf, law_chain, race, with_siblings, with_spine
+from .base import Drawing, draw, inverse_cdf, law_chain, race, with_siblings, with_spine
 from .best_first import best_first
 from .dflash import BlockDrafter, DFlashBlock
 from .drawn import Level, drawn_tree, first_draws
@@ -41,7 +41,8 @@ class TreeFlashDrafter(BlockDrafter):
 
     def __init__(self, block: DFlashBlock, model: TreeFlashModel, budget: int = D.TREEFLASH_BUDGET,
                  top_m: int = D.TREEFLASH_TOP_M, top_k: int = D.TREEFLASH_TOP_K,
-                 temperature: float = D.TREEFLASH_TEMPERATURE, support: int | None = None):
+                 temperature: float = D.TREEFLASH_TEMPERATURE, support: int | None = None, *,
+                 drawing: Drawing | None = None):
         for name, value in (("budget", budget), ("top_m", top_m), ("top_k", top_k)):
             if value < 1:
                 raise ValueError(f"treeflash {name} must be >= 1, got {value}")
@@ -51,7 +52,7 @@ class TreeFlashDrafter(BlockDrafter):
             raise ValueError(f"treeflash support must be an integer (0 = full vocabulary), got {support!r}")
         if support is not None and support != 0 and support < top_k:
             raise ValueError(f"treeflash support must be 0 (full vocabulary) or >= top_k ({top_k}), got {support}")
-        super().__init__(block)
+        super().__init__(block, drawing=drawing)
         self.model = model
         vocab = block.lm_head.weight.shape[0]
         self.budget, self.temperature = budget, float(temperature)

@@ -27,9 +27,18 @@ class DraftState:
 
 
 class Drafter(Protocol):
+    """Every member the engine reads. The optional ones have defaults, which a drafter takes by subclassing
+    Drafter; the engine reads each member directly, never probing for it."""
     name: str
     # target decoder layers whose outputs the drafter wants as context features (empty: none)
-    target_layer_ids: tuple[int, ...]
+    target_layer_ids: tuple[int, ...] = ()
+    # the shape of the drawn part of a tree at T > 0, "chain" or "tree": `budget: auto` costs that part by it
+    draw_shape: str = "chain"
+    # how the last proposal drafted, for a drafter that routes its rounds (lookup, tree, plain); in the Round
+    way: str | None = None
+    # seconds the last proposal spent building its tree apart from the neural passes (BuildClock); the engine
+    # sets it to 0 before each propose(), so a proposal that builds no tree reports none
+    t_build: float = 0.0
 
     def begin(self, prompt: torch.Tensor, features: torch.Tensor | None) -> None:
         """After prefill: the prompt ids [P] and their target features [P, k*H] (None if none asked)."""
@@ -48,10 +57,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class BuildClock:
+class BuildClock(Drafter):
     """For drafters: times the host-side tree build of the last proposal apart from the neural passes
-    before it; the engine reads t_build after each propose() (a drafter without it reports 0)."""
-    t_build: float = 0.0
+    before it, into t_build, which the engine reads after each propose()."""
 
     @contextmanager
     def building(self, device: torch.device) -> Iterator[None]:

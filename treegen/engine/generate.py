@@ -139,19 +139,18 @@ class _Loop:
         if not self.proposed:
             self.t_tree, self.way = 0.0, None
             return DraftTree.empty(self.device)
-        if hasattr(self.drafter, "t_build"):
-            self.drafter.t_build = 0.0   # a proposal that builds no tree reports none
+        self.drafter.t_build = 0.0   # a proposal that builds no tree reports none
         t0 = time.perf_counter()
         cap = self.auto.cap() if self.auto is not None else None
         tree = self.drafter.propose(DraftState(self.tokens, self.room(), self.config.sampler, self.generator, cap))
-        self.way = getattr(self.drafter, "way", None)
+        self.way = self.drafter.way
         sync(self.device)
         t1 = time.perf_counter()
         tree = tree.dedup().truncate_depth(self.room()) if len(tree) else tree
         tree = on_device(tree, self.device)   # a drafter on another GPU than the target's inputs (device maps)
         if self.auto is not None:
-            tree = self.auto.trim(tree, t1 - t0, getattr(self.drafter, "draw_shape", "chain"))
-        self.t_tree = getattr(self.drafter, "t_build", 0.0) + time.perf_counter() - t1
+            tree = self.auto.trim(tree, t1 - t0, self.drafter.draw_shape)
+        self.t_tree = self.drafter.t_build + time.perf_counter() - t1
         return tree
 
     def verify(self, tree: DraftTree) -> tuple[Verdict, torch.Tensor | None]:
