@@ -15,8 +15,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1]
 
 # ground floor first
-ROOMS = ("engine", "gguf", "validate", "cli_errors", "loading", "assets", "models", "drafters", "presets", "api",
-         "treegen", "ui", "chat", "cli_options", "bench", "train", "cli", "cli_docs", "__main__")
+ROOMS = ("engine", "gguf", "validate", "cli_errors", "loading", "assets", "models", "drafters", "presets", "policy",
+         "config", "api", "treegen", "ui", "chat", "cli_options", "bench", "train", "cli", "cli_docs", "__main__")
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -30,7 +30,9 @@ def modules(package: Path = PACKAGE) -> dict[str, Path]:
 
 def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     """The treegen modules a module imports anywhere in its source (the package itself, treegen, excluded:
-    Python imports it before any of its modules)."""
+    Python imports it before any of its modules). So is the subpackage a module belongs to where only its
+    submodules are imported from it (`from . import defaults`): it too is imported before the module; a name
+    its __init__ defines is an edge."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -40,7 +42,10 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            candidates = [target, *(f"{target}.{a.name}" for a in node.names)]
+            submodules = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known]
+            # `from . import sibling`: the package is the module's own ancestor, imported before it anyway
+            ancestor_only = len(submodules) == len(node.names) and name.startswith(f"{target}.")
+            candidates = submodules + ([] if ancestor_only else [target])
         elif isinstance(node, ast.Import):
             candidates = [a.name for a in node.names]
         else:
