@@ -105,7 +105,7 @@ def tokens(m: dict) -> str:
     """Tokens a round; where some rounds verified no draft (an auto budget resting), also the tokens a round
     that did and their share, as the bench's table shows them."""
     share, length = m.get("drafting_share"), m.get("drafting_length")
-    if share is None or share > 0.995 or not length:
+    if share is None or share > 0.95 or not length:
         return num(m.get("mean_accepted_length"))
     return f"{m['mean_accepted_length']:.2f} ({length:.2f} in {share:.0%})"
 

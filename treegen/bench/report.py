@@ -128,9 +128,9 @@ def speed(s: Summary, single: bool = False) -> str:
 
 
 def accepted(s: Summary) -> str:
-    """Tokens a round; where some rounds verified no draft (auto budgets rest when drafting would not pay),
+    """Tokens a round; where more than 5% of rounds verified no draft (auto budgets rest when drafting would not pay),
     also the tokens a round that did, and their share: "1.54 (2.72 in 31%)"."""
-    if s.drafting_share is None or s.drafting_share > 0.995 or not s.drafting_length:
+    if s.drafting_share is None or s.drafting_share > 0.95 or not s.drafting_length:
         return fmt(s.mean_accepted_length)
     return f"{s.mean_accepted_length:.2f} ({s.drafting_length:.2f} in {s.drafting_share:.0%})"
 
