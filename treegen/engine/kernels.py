@@ -20,6 +20,7 @@ from .disk import cache_root
 SOURCE = Path(__file__).with_name("row_attention.c")
 MATMUL_SOURCE = Path(__file__).with_name("row_matmul.c")
 OPS_SOURCE = Path(__file__).with_name("row_ops.c")
+HEADER = Path(__file__).with_name("row_common.h")   # included by the sources: part of every build's name
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math")
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 ARGS = [_ptr, _ptr, _ptr] + [_i64] * 9 + [_ptr, _ptr, _i64, ctypes.c_float, _ptr, ctypes.c_int]
@@ -68,7 +69,7 @@ def build(path: Path) -> ctypes.CDLL | None:
     cc = compiler()
     if cc is None or os.environ.get("TREEGEN_NO_KERNELS"):
         return None
-    source = path.read_bytes()
+    source = path.read_bytes() + HEADER.read_bytes()
     tag = hashlib.sha256(source + " ".join((cc, *FLAGS, platform.machine(), cpu_flags())).encode()).hexdigest()[:16]
     built = cache_root() / "kernels" / f"{path.stem}-{tag}.so"
     if not built.exists():

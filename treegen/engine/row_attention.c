@@ -9,15 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LANES 16
-#define MAX_DIM 512
+#include "row_common.h"
 
-static inline float from_bf16(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+#define MAX_DIM 512
 
 /* e^x for x <= 0: 2^(x log2 e) split into 2^k * 2^r, 2^r by its Taylor series to degree 7 (relative error
    below 2e-6); plain arithmetic, so the compiler vectorizes it and every lane gives the same bits. */
@@ -38,15 +32,6 @@ static inline float exp_nonpositive(float x) {
     float scale;
     memcpy(&scale, &bits, 4);
     return p * scale;
-}
-
-/* The lanes added pairwise, halves first (a fixed tree of depth 4, not a chain of 16: the next key's sum need
-   not wait for this one's). */
-static inline float lane_sum(const float *lanes) {
-    float half[LANES / 2], quarter[LANES / 4];
-    for (int l = 0; l < LANES / 2; ++l) half[l] = lanes[l] + lanes[l + LANES / 2];
-    for (int l = 0; l < LANES / 4; ++l) quarter[l] = half[l] + half[l + LANES / 4];
-    return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
 }
 
 #define DEFINE_ATTEND(NAME, T, LOAD)                                                                         \
@@ -75,7 +60,7 @@ void NAME(const T *q, const T *k, const T *v, int64_t heads, int64_t kv_heads, i
                 for (int l = 0; l < LANES; ++l) lanes[l] = 0.0f;                                              \
                 for (int64_t d = 0; d < dim; d += LANES)                                                      \
                     for (int l = 0; l < LANES; ++l) lanes[l] += query[d + l] * LOAD(kj[d + l]);               \
-                score[j] = lane_sum(lanes);                                                                   \
+                score[j] = lane_tree(lanes);                                                                   \
                 top = score[j] > top ? score[j] : top;                                                        \
             }                                                                                                 \
             for (int64_t j = 0; j < length; ++j) score[j] = exp_nonpositive(score[j] - top);                  \
@@ -84,7 +69,7 @@ void NAME(const T *q, const T *k, const T *v, int64_t heads, int64_t kv_heads, i
             for (; j + LANES <= length; j += LANES)                                                           \
                 for (int l = 0; l < LANES; ++l) lanes[l] += score[j + l];                                     \
             for (int l = 0; j < length; ++j, ++l) lanes[l] += score[j];                                       \
-            float total = lane_sum(lanes);                                                                    \
+            float total = lane_tree(lanes);                                                                    \
             for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f;                                                  \
             for (j = 0; j < length; ++j) {                                                                    \
                 int64_t pos = j < past ? j : past + own[i * width + (j - past)];                              \

@@ -8,14 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define LANES 16
-
-static inline float from_bf16(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+#include "row_common.h"
 
 /* fp32 -> bf16, rounding to nearest even (as torch's .to(torch.bfloat16)). */
 static inline uint16_t to_bf16(float f) {
@@ -30,13 +23,6 @@ static inline float round_f32(float f) { return f; }
 static inline float round_bf16(float f) { return from_bf16(to_bf16(f)); }
 static inline float load_f32(float x) { return x; }
 static inline float store_f32(float x) { return x; }
-
-static inline float lane_tree(const float *lanes) {
-    float half[LANES / 2], quarter[LANES / 4];
-    for (int l = 0; l < LANES / 2; ++l) half[l] = lanes[l] + lanes[l + LANES / 2];
-    for (int l = 0; l < LANES / 4; ++l) quarter[l] = half[l] + half[l + LANES / 4];
-    return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
-}
 
 /* out[r] = w * T(x[r] * rsqrt(mean(x[r]^2) + eps)); x rows `stride` apart, out contiguous; dim % 16 == 0. */
 #define DEFINE_NORM(NAME, T, LOAD, STORE, ROUND)                                                              \
