@@ -59,8 +59,8 @@ def test_the_shipped_gguf_file_name_resolves(name, resolved):
 
 
 def test_auto_is_resolved_before_loading_so_its_options_are_checked(resolved):
-    run("--target", "demo", "--method-option", "budget=32")
-    assert resolved[-1].method not in (None, "auto") and resolved[-1].method_options["budget"] == 32
+    run("--target", "demo", "--method-option", "max_ngram=2")
+    assert resolved[-1].method not in (None, "auto") and resolved[-1].method_options["max_ngram"] == 2
 
 
 def test_a_sampled_run_draws_a_seed_records_and_prints_it(tiny_model_dir, tmp_path):

@@ -143,7 +143,8 @@ def model_options(f):
                      help="Prompt tokens per prefill forward (default 2048): memory grows with the cache, "
                           "not prompt x vocabulary."),
         click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), metavar="N",
-                     help="CPU threads for torch (default: torch's)."),
+                     help="CPU threads for torch, fixed (default: torch's, and a greedy run on a busy machine "
+                          "takes only the free cores: the same tokens)."),
     ])
 
 
