@@ -151,10 +151,9 @@ class Generator:
 
     def _chunks(self, rounds: Iterator[Round], stop: tuple[str, ...], temperature: float) -> Iterator[Chunk]:
         decoder, stats, text = StreamDecoder(self.tokenizer), Stats(), ""
-        t0 = time.perf_counter()
         try:
             with self.thread_plan.greedy(temperature):   # fewer threads on a busy machine, the same tokens
-                yield from self._rounds(rounds, decoder, stats, text, stop, t0)
+                yield from self._rounds(rounds, decoder, stats, text, stop, time.perf_counter())
         finally:
             rounds.close()  # a consumer that stops early (Ctrl-C, closed pipe) frees the cache now
 

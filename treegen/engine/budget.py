@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from . import kernels
 from .disk import LoadWatch, cache_root, keep_if_quiet, read_table
 from .matmul import RowMatmul, machine, say
 from .tree import DraftTree, drawn_shape, widths
@@ -113,6 +114,7 @@ def verify_cost(model, path: Path | None = None) -> VerifyCost:
             return cached
     say("measuring the target's forward time per tree size for budget: auto (once per machine and setting)")
     t0 = time.perf_counter()
+    kernels.build_all()
     with LoadWatch() as watch:
         cost = VerifyCost.measure(model)
     say(f"measured in {time.perf_counter() - t0:.1f} s; kept in {path}")

@@ -175,3 +175,9 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     getattr(ops_library(), f"rope_{_suffix(x)}")(x.data_ptr(), n, x.stride(1), heads, dim, cos.data_ptr(),
                                                  sin.data_ptr())
     return x
+
+
+def build_all() -> None:
+    """Every kernel built now: before a measurement starts, so that the compiler's processes do not count as
+    other work on the machine (disk.LoadWatch)."""
+    library(), matmul_library(), ops_library()

@@ -138,6 +138,7 @@ class Matmul:
             if isinstance(saved, dict) and set(saved) == {str(n) for n in ROWS} and set(saved.values()) <= set(FORMS):
                 cls.measured[key] = {int(n): f for n, f in saved.items()}
             else:
+                kernels.build_all()
                 with LoadWatch() as watch:
                     cls.measured[key] = pick(time_forms(n_out, n_in, weight.dtype))
                 keep_if_quiet(watch, path, key, {str(n): f for n, f in cls.measured[key].items()}, "matmul layouts")
@@ -240,6 +241,7 @@ class RowMatmul:
                 cls.measured[key] = (saved["form"], saved["chunk"], saved["pieces"])
             else:
                 announce(f"{n_out}x{n_in} {str(weight.dtype).removeprefix('torch.')}")
+                kernels.build_all()
                 with LoadWatch() as watch:
                     cls.measured[key] = measure_invariant(n_out, n_in, weight.dtype)
                 form, chunk, pieces = cls.measured[key]

@@ -92,6 +92,9 @@ def neutral_counts(model, prompt_rows: int = 48, steps: int = 6, tree_rows: int 
     saved = disk.read_table(path).get(key)
     if isinstance(saved, list) and all(isinstance(t, int) for t in saved) and cores in saved:
         return tuple(saved)
+    from . import kernels
+
+    kernels.build_all()   # a first run's compiler is not other work
     with disk.LoadWatch() as watch:
         reference = forward_logits(model, cores, prompt_rows, steps, tree_rows)
         counts = [cores] + [t for t in candidate_counts(cores) if t != cores and
