@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import runtime_from, runtime_options
+from .common import leave, runtime_from, runtime_options
 
 MAX_NEW = 256
 TEMPERATURES = (0.0, 0.7)
@@ -323,10 +323,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{len(prompts)} prompts; generating replies in batches of {args.batch}")
         generate(target, tok, prompts, args.out, args.batch, log, rt)
         rt.barrier()   # every rank's parts are written before the main rank collects them
-    if not rt.main:
-        return 0
-    tokens = collect(args.out, hidden, assistant_header(tok))
-    log(f"wrote {args.out / 'stream.pt'} and its target features: {tokens} tokens")
+    if rt.main:
+        tokens = collect(args.out, hidden, assistant_header(tok))
+        log(f"wrote {args.out / 'stream.pt'} and its target features: {tokens} tokens")
+    leave()
     return 0
 
 

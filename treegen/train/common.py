@@ -18,6 +18,7 @@ from .distributed import (
     as_served,
     check_device,
     check_precision,
+    leave,
     main_rank,
     native_bf16,
     runtime,
@@ -217,7 +218,7 @@ def stop(rt: Runtime, ckpt: Path, model, opt, step: int, elapsed: float, gen) ->
     if rt.main:
         save_checkpoint(ckpt, model, opt, step, elapsed, gen)
         print(f"stopped at step {step}; {ckpt} saved, --resume continues from there", file=sys.stderr, flush=True)
-    rt.barrier()   # no rank leaves before the checkpoint every rank resumes from is whole
+    leave()   # no rank leaves before the checkpoint every rank resumes from is whole
     raise KeyboardInterrupt
 
 

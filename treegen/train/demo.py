@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .common import encode_corpus, runtime_from, runtime_options
+from .common import encode_corpus, leave, runtime_from, runtime_options
 from .corpus import read_texts, stdlib_files
 
 STAGES = ("tokenizer", "target", "drafter", "export")
@@ -140,8 +140,9 @@ def main(argv=None) -> None:
         stage_target(args.work, args.target_minutes, args.resume, rt)
     if "drafter" in stages:
         stage_drafter(args.work, args.drafter_minutes, args.regenerate, args.resume, rt)
-    if "export" in stages:
+    if "export" in stages and rt.main:
         stage_export(args.work, args.assets)
+    leave()
 
 
 if __name__ == "__main__":

@@ -194,5 +194,19 @@ def runtime(device: str = "auto", precision: str = "auto") -> Runtime:
         if dev.type == CUDA:
             torch.cuda.set_device(dev)
         dist.init_process_group("nccl" if dev.type == CUDA else "gloo", timeout=WAIT)
-        atexit.register(dist.destroy_process_group)
+        atexit.register(torn_down)
     return Runtime(dev, dtype, rank, world, device, precision)
+
+
+def leave() -> None:
+    """A run's end, on every rank at once: wait for the main rank's last writes, then leave the process group
+    before the interpreter exits (a rank that tears its group down while a peer still works can abort)."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def torn_down() -> None:
+    """At exit, a group that leave() did not end (a failed run: no barrier, a peer may be gone)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -75,7 +75,7 @@ def stop_signals():
     Ctrl-C stops at once."""
     import signal
 
-    from .common import STOP
+    from .common import STOP, leave
 
     def ask(signum, frame):
         if STOP.is_set() and signum == signal.SIGINT:
@@ -88,6 +88,7 @@ def stop_signals():
     saved = {sig: signal.signal(sig, ask) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
+        leave()   # under torchrun: every rank waits for the main rank's last writes
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)

@@ -20,7 +20,7 @@ import site
 import sys
 from pathlib import Path
 
-from .common import runtime_from, runtime_options
+from .common import leave, runtime_from, runtime_options
 
 KINDS = ("code", "prose", "chat")
 SHARE = {"code": 0.5, "prose": 0.25, "chat": 0.25}   # of the regenerated rows
@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     rt.barrier()   # the texts are written before any rank reads them
     if args.regenerate:
         regenerate_all(args.out, args.regenerate, args.batch, log, rt)
+    leave()
     return 0
 
 
