@@ -119,7 +119,7 @@ def test_auto_budget_is_exact(pair, cost):
 def test_cost_is_measured_once_and_cached(tmp_path, monkeypatch):
     target = tiny_qwen3(vocab=64, seed=1)
     path = tmp_path / "cost.json"
-    monkeypatch.setattr(disk, "BUSY_SHARE", 1.0)   # kept however busy the machine running the tests is
+    monkeypatch.setattr(disk, "BUSY_SHARE", float("inf"))   # kept however busy the machine running the tests is
     monkeypatch.setattr(B, "MEASURED_ROWS", (1, 4))
     first = B.verify_cost(target, path)
     assert len(first.rows) == len(B.MEASURED_ROWS) and all(s > 0 for s in first.seconds)
@@ -128,7 +128,7 @@ def test_cost_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert B.verify_cost(target, path) == first
     path.write_text("{not json")  # a broken cache file is measured again, not a crash
     monkeypatch.undo()
-    monkeypatch.setattr(disk, "BUSY_SHARE", 1.0)
+    monkeypatch.setattr(disk, "BUSY_SHARE", float("inf"))
     monkeypatch.setattr(B, "MEASURED_ROWS", (1, 2))
     assert B.verify_cost(target, path).rows == (1, 2)
     # an entry where more rows cost less (an older version's median on a busy machine) is measured again

@@ -59,6 +59,16 @@ def test_a_measurement_on_a_busy_machine_is_not_kept(tmp_path, capsys, monkeypat
     assert disk.read_table(path) == {"key": 1}
 
 
+def test_one_tick_of_another_process_in_an_instant_measurement_is_not_a_busy_machine(monkeypatch):
+    """/proc counts CPU time in 10 ms ticks: a tick that lands inside a 1 ms measurement is not 500% load."""
+    monkeypatch.setattr(disk, "BUSY_SHARE", 0.15)
+    readings = iter([(100.0, 1.0), (100.01, 1.0)])   # (every process, this one): another took one tick
+    monkeypatch.setattr(disk, "cpu_seconds", lambda: next(readings))
+    with disk.LoadWatch() as watch:
+        pass
+    assert not watch.busy and watch.share <= 0.1
+
+
 def test_a_busy_machine_is_named_and_the_thread_count_kept(monkeypatch):
     import torch
 

@@ -14,6 +14,9 @@ from pathlib import Path
 
 # other processes' share of the machine above which a measurement is not kept
 BUSY_SHARE = float(os.environ.get("TREEGEN_BUSY_SHARE") or 0.15)
+# the shortest window a share is taken over: /proc counts CPU time in ticks (10 ms), so one tick of another
+# process inside a 1 ms measurement would read as most of the machine
+MIN_WINDOW = 0.1
 
 
 def cache_root() -> Path:
@@ -83,9 +86,9 @@ class LoadWatch:
         end = cpu_seconds()
         if self.start is None or end is None:
             return
-        wall = time.perf_counter() - self.t0
+        wall = max(time.perf_counter() - self.t0, MIN_WINDOW)
         others = (end[0] - self.start[0]) - (end[1] - self.start[1])
-        self.share = max(others, 0.0) / max(wall * (os.cpu_count() or 1), 1e-9)
+        self.share = max(others, 0.0) / (wall * (os.cpu_count() or 1))
 
     @property
     def busy(self) -> bool:
