@@ -14,14 +14,13 @@ from test_cli_ui import chunks  # the same fake stream of rounds
 from treegen.engine.stats import Stats
 from treegen.ui import LiveView, PlainView, make_view, quiet_keys, status_line, summary
 
-
 ESCAPES = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|[78DME])")
 
 
 def shown_text(raw: str) -> str:
     """What a terminal keeps of the output: the text without escape sequences and without the status rows
     (each drawn between a cursor save and restore)."""
-    return ESCAPES.sub("", re.sub(r"\x1b7.*?\x1b8", "", raw, flags=re.S))
+    return ESCAPES.sub("", re.sub(r"\x1b7.*?\x1b8", "", raw, flags=re.DOTALL))
 
 
 def test_a_long_line_is_written_whole_for_the_terminal_to_wrap():

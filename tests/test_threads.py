@@ -48,8 +48,8 @@ def test_a_greedy_generation_takes_the_free_cores(monkeypatch, two_threads):
 
 
 def test_greedy_tokens_are_the_same_with_one_thread_and_two(two_threads):
-    from treegen.engine.generate import GenerationConfig, generate
     from treegen.drafters import build_drafter
+    from treegen.engine.generate import GenerationConfig, generate
 
     model = tiny_qwen3(hidden=64).to(torch.bfloat16)
     prompt = torch.arange(3, 40) % model.config.vocab_size

@@ -24,8 +24,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .validate import (HUB_ID, SAMPLING, OptionError, check_sampling, did_you_mean, key_name, looks_like_path, shown,
-                       shown_path)
+from .validate import (
+    HUB_ID,
+    SAMPLING,
+    OptionError,
+    check_sampling,
+    did_you_mean,
+    key_name,
+    looks_like_path,
+    shown,
+    shown_path,
+)
 
 PACKAGE = Path(__file__).resolve().parent
 CHECKOUT_PRESETS = PACKAGE.parent / "presets"
