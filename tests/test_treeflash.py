@@ -126,10 +126,11 @@ def test_published_layout_and_round_trip(tf_dir, tmp_path):
 
 @pytest.mark.parametrize("support", [0, 40])
 def test_zero_head_builds_ddtrees_tree(target, support):
-    """The paper's reduction: with d = 0 every conditional is the marginal, so the tree is ddtree's."""
+    """The paper's reduction: with d = 0 every conditional is the marginal, so the tree is ddtree's (with as
+    many candidates a depth as children kept, top_m = top_k, every child links on as ddtree's do)."""
     model = random_treeflash(target, 3, zero_d=True)
     block = DFlashBlock(model.model, target)
-    tf = TreeFlashDrafter(block, model, budget=40, support=support)
+    tf = TreeFlashDrafter(block, model, budget=40, top_m=16, support=support)
     dd = DDTreeDrafter(block, budget=40, top_k=16)
     g = torch.Generator().manual_seed(5)
     for anchor in range(6):

@@ -62,7 +62,7 @@ def _ddtree(target, drafter_path, drawing, *, budget: int = D.DDTREE_BUDGET, top
     return DDTreeDrafter(load_block(target, drafter_path), budget, top_k, drawing=drawing)
 
 
-def _treeflash(target, drafter_path, drawing, *, budget: int = D.TREEFLASH_BUDGET, top_m: int = D.TREEFLASH_TOP_M,
+def _treeflash(target, drafter_path, drawing, *, budget: int = D.TREEFLASH_BUDGET, top_m: int | None = None,
                top_k: int = D.TREEFLASH_TOP_K, temperature: float = D.TREEFLASH_TEMPERATURE,
                support: int | None = None):
     from .treeflash import TreeFlashDrafter, load_treeflash_block

@@ -32,6 +32,7 @@ DARTREE_VARIANT = "pruned"
 DARTREE_VARIANTS = ("pruned", "fixed")
 TREEFLASH_BUDGET = 64       # nodes verified per round (TreeFlash's tree_size, less the root)
 TREEFLASH_TOP_M = 16        # candidate previous tokens per depth (treeflash_config.candidate_tokens)
+TREEFLASH_TOP_M_CPU = 8     # on a CPU, half as many: each is a head row at every depth, and a CPU pays per row
 TREEFLASH_DRAWN_TOP_M = 4   # candidates of the tables behind a drawn tree (T > 0): its tail and a few nodes
 TREEFLASH_TOP_K = 16        # conditional children kept per (depth, candidate)
 TREEFLASH_TEMPERATURE = 1.0  # drafter temperature: rescales the heap's log-probs, not which tokens are kept

@@ -36,13 +36,20 @@ def default_support(device: torch.device) -> int:
     return D.TREEFLASH_SUPPORT_CPU if device.type == "cpu" else 0
 
 
+def default_top_m(device: torch.device) -> int:
+    """Measured (docs/ablations/treeflash-top-m.md): on a CPU the head's rows for 16 candidates a depth cost
+    more time than their extra accepted tokens save."""
+    return D.TREEFLASH_TOP_M_CPU if device.type == "cpu" else D.TREEFLASH_TOP_M
+
+
 class TreeFlashDrafter(BlockDrafter):
     name = "treeflash"
 
     def __init__(self, block: DFlashBlock, model: TreeFlashModel, budget: int = D.TREEFLASH_BUDGET,
-                 top_m: int = D.TREEFLASH_TOP_M, top_k: int = D.TREEFLASH_TOP_K,
+                 top_m: int | None = None, top_k: int = D.TREEFLASH_TOP_K,
                  temperature: float = D.TREEFLASH_TEMPERATURE, support: int | None = None, *,
                  drawing: Drawing | None = None):
+        top_m = default_top_m(block.lm_head.weight.device) if top_m is None else top_m
         for name, value in (("budget", budget), ("top_m", top_m), ("top_k", top_k)):
             if value < 1:
                 raise ValueError(f"treeflash {name} must be >= 1, got {value}")
