@@ -124,3 +124,40 @@ def test_missing_drafter_folder(target, tmp_path):
         build_drafter("dflash", target, str(tmp_path / "nope"))
     with pytest.raises(CheckpointError, match="no config.json"):
         build_drafter("dflash", target, str(tmp_path))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_drafting_forward_agrees_with_the_modules(dtype, monkeypatch):
+    """Drafting (no autograd, one block on a CPU) takes the lean path: q/k/v, context k/v and gate/up one
+    product each, the norms and rotary embedding one compiled call each. It computes what the modules compute
+    (training's path, autograd on), up to rounding, round after round with the context cache."""
+    from treegen.engine import kernels
+
+    if not kernels.ops_usable(torch.zeros(1, dtype=dtype), 16):
+        pytest.skip("the compiled norms and rotary embedding did not build here")
+    cfg = DFlashConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, num_target_layers=4, target_layer_ids=(1, 2),
+                       mask_token_id=0, vocab_size=64, block_size=8)
+    from treegen.models import dflash
+
+    lean_calls = []
+    drafting = dflash.Attention.drafting
+    monkeypatch.setattr(dflash.Attention, "drafting", lambda self, *a: lean_calls.append(1) or drafting(self, *a))
+    torch.manual_seed(3)
+    model = DFlashDrafter(cfg).to(dtype)
+    for p in model.parameters():
+        p.data.normal_(0, 0.2)
+    feats = torch.randn(30, 2 * 64, dtype=dtype)
+    lean_cache, plain_cache, seen = ContextKV(2), ContextKV(2), 0
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.05}
+    for new in (9, 1, 3, 0, 5):
+        block = torch.randn(1, 8, 64, dtype=dtype)
+        args = (block, torch.arange(seen + new, seen + new + 8)[None])
+        ctx, ctx_pos = model.project_context(feats[seen:seen + new]).detach()[None], torch.arange(seen, seen + new)[None]
+        with torch.no_grad():
+            lean = model(*args, ctx, ctx_pos, lean_cache)
+        with torch.enable_grad():
+            plain = model(*args, ctx, ctx_pos, plain_cache).detach()
+        torch.testing.assert_close(lean, plain, **tol)
+        seen += new
+    assert len(lean_calls) == 5 * cfg.num_hidden_layers   # every no-grad layer took the lean path

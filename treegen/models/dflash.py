@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..engine import kernels
+from ..engine.matmul import Matmul
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,26 @@ def rope(x: torch.Tensor, cos_sin) -> torch.Tensor:
     return x * cos + rotated * sin
 
 
+class Stacked:
+    """Several projections of one input as one product over their stacked weights (drafting: one call
+    instead of two or three), rebuilt when a weight changes (a drafter trained after it drafted)."""
+
+    def __init__(self, *linears: nn.Linear):
+        self.linears, self.sizes, self.versions, self.matmul = linears, [m.weight.shape[0] for m in linears], None, None
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        versions = [(m.weight.data_ptr(), m.weight._version, m.weight.dtype) for m in self.linears]
+        if versions != self.versions:
+            self.matmul = Matmul(torch.cat([m.weight.detach() for m in self.linears]))
+            self.versions = versions
+        return self.matmul(x).split(self.sizes, dim=-1)
+
+
+def lean(x: torch.Tensor, head_dim: int) -> bool:
+    """Drafting (no autograd) one block on a CPU where the compiled norms and rotary embedding serve."""
+    return not torch.is_grad_enabled() and x.shape[0] == 1 and kernels.ops_usable(x, head_dim)
+
+
 class ContextKV:
     """Per-layer projected context keys/values, appended each round (block K/V are never stored)."""
 
@@ -113,6 +134,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.qkv, self.kv = Stacked(self.q_proj, self.k_proj, self.v_proj), Stacked(self.k_proj, self.v_proj)
+        self.stacked_heads = (self.heads, self.kv_heads, self.kv_heads)
 
     def _kv(self, x: torch.Tensor, cos_sin):
         b, n, _ = x.shape
@@ -121,6 +144,8 @@ class Attention(nn.Module):
         return rope(k, cos_sin), v
 
     def forward(self, x, ctx, rope_x, rope_ctx, cache: ContextKV | None, layer: int, mask):
+        if lean(x, self.head_dim) and x.dtype == self.q_proj.weight.dtype:
+            return self.drafting(x, ctx, rope_x, rope_ctx, cache, layer, mask)
         b, q_len, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2)
         k_ctx, v_ctx = self._kv(ctx, rope_ctx)
@@ -132,6 +157,28 @@ class Attention(nn.Module):
                                              enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
+    def drafting(self, x, ctx, rope_x, rope_ctx, cache: ContextKV | None, layer: int, mask):
+        """forward() for one block without autograd: the block's q/k/v and the context's k/v one product each,
+        norms and rotary embedding one compiled call each, rotated before the heads move to dim 1."""
+        q_len, c_len, d = x.shape[1], ctx.shape[1], self.head_dim
+        q, k_blk, v_blk = (t.view(1, q_len, heads, d) for t, heads in zip(self.qkv(x), self.stacked_heads))
+        q, k_blk = kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps), \
+            kernels.rms_norm(k_blk, self.k_norm.weight, self.k_norm.eps)
+        cos_x, sin_x = (t.reshape(q_len, d) for t in rope_x)
+        q, k_blk = kernels.rope_(q, cos_x, sin_x), kernels.rope_(k_blk, cos_x, sin_x)
+        k_ctx, v_ctx = (t.view(1, c_len, self.kv_heads, d) for t in self.kv(ctx))
+        if c_len:
+            k_ctx = kernels.rms_norm(k_ctx, self.k_norm.weight, self.k_norm.eps)
+            k_ctx = kernels.rope_(k_ctx, *(t.reshape(c_len, d).contiguous() for t in rope_ctx))
+        k_ctx, v_ctx = k_ctx.transpose(1, 2), v_ctx.transpose(1, 2)
+        if cache is not None:
+            k_ctx, v_ctx = cache.extend(layer, k_ctx, v_ctx)
+        k = torch.cat([k_ctx, k_blk.transpose(1, 2)], dim=-2)
+        v = torch.cat([v_ctx, v_blk.transpose(1, 2)], dim=-2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask,
+                                             enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(1, q_len, -1))
+
 
 class MLP(nn.Module):
     def __init__(self, c: DFlashConfig):
@@ -139,8 +186,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.gate_up = Stacked(self.gate_proj, self.up_proj)
 
     def forward(self, x):
+        if not torch.is_grad_enabled() and x.device.type == "cpu":   # drafting: gate and up one product
+            gate, up = self.gate_up(x)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
