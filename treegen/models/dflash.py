@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..engine import kernels
+from ..engine.fast_decoder import Projections
 from ..engine.matmul import Matmul
 
 
@@ -87,18 +88,20 @@ def rope(x: torch.Tensor, cos_sin) -> torch.Tensor:
 
 
 class Stacked:
-    """Several projections of one input as one product over their stacked weights (drafting: one call
-    instead of two or three), rebuilt when a weight changes (a drafter trained after it drafted)."""
+    """Several projections of one input as one product over their stacked weights (the verify forward's
+    Projections; drafting: one call instead of two or three), made again when a weight changes (a cast, or a
+    drafter trained after it drafted)."""
 
     def __init__(self, *linears: nn.Linear):
-        self.linears, self.sizes, self.versions, self.matmul = linears, [m.weight.shape[0] for m in linears], None, None
+        self.linears, self.versions, self.projections = linears, None, None
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         versions = [(m.weight.data_ptr(), m.weight._version, m.weight.dtype) for m in self.linears]
         if versions != self.versions:
-            self.matmul = Matmul(torch.cat([m.weight.detach() for m in self.linears]))
+            weights = [m.weight.detach() for m in self.linears]
+            self.projections = Projections(weights, lambda *w: Matmul(torch.cat(w)), fuse=True)
             self.versions = versions
-        return self.matmul(x).split(self.sizes, dim=-1)
+        return self.projections(x)
 
 
 def lean(x: torch.Tensor, head_dim: int) -> bool:
@@ -169,7 +172,7 @@ class Attention(nn.Module):
         k_ctx, v_ctx = (t.view(1, c_len, self.kv_heads, d) for t in self.kv(ctx))
         if c_len:
             k_ctx = kernels.rms_norm(k_ctx, self.k_norm.weight, self.k_norm.eps)
-            k_ctx = kernels.rope_(k_ctx, *(t.reshape(c_len, d).contiguous() for t in rope_ctx))
+            k_ctx = kernels.rope_(k_ctx, *(t.reshape(c_len, d) for t in rope_ctx))
         k_ctx, v_ctx = k_ctx.transpose(1, 2), v_ctx.transpose(1, 2)
         if cache is not None:
             k_ctx, v_ctx = cache.extend(layer, k_ctx, v_ctx)
