@@ -12,9 +12,9 @@
 int row_matmul_available(void) { return 1; }
 
 #define BLOCKS 4   /* 16-output blocks a register tile holds */
-#define ROWS 4     /* rows a register tile holds */
+#define ROWS 6     /* rows a register tile holds (24 accumulators, 4 weight vectors, 1 broadcast) */
 
-/* One tile: `rows` (1 or ROWS) rows of x against BLOCKS output blocks starting at block b. */
+/* One tile: `rows` (1, 2, 4 or ROWS) rows of x against BLOCKS output blocks starting at block b. */
 static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_t x_stride, int64_t rows,
                                                        const uint16_t *w, int64_t pairs, int64_t b,
                                                        uint16_t *y, int64_t y_stride, const int rows_const) {
@@ -50,6 +50,10 @@ void row_matmul_bf16(const uint16_t *x, int64_t rows, int64_t x_stride, const ui
         int64_t r = 0;
         for (; r + ROWS <= rows; r += ROWS)
             tile(x + r * x_stride, x_stride, ROWS, w, pairs, g * BLOCKS, y + r * y_stride, y_stride, ROWS);
+        for (; r + 4 <= rows; r += 4)   /* the rest in tiles of 4, 2, 1: each output still one accumulator */
+            tile(x + r * x_stride, x_stride, 4, w, pairs, g * BLOCKS, y + r * y_stride, y_stride, 4);
+        for (; r + 2 <= rows; r += 2)
+            tile(x + r * x_stride, x_stride, 2, w, pairs, g * BLOCKS, y + r * y_stride, y_stride, 2);
         for (; r < rows; ++r)
             tile(x + r * x_stride, x_stride, 1, w, pairs, g * BLOCKS, y + r * y_stride, y_stride, 1);
     }
