@@ -9,7 +9,7 @@ from conftest import tiny_qwen3
 
 from treegen.drafters import MethodError, auto_budget, build_drafter, check_options, get_method
 from treegen.engine import budget as B
-from treegen.engine import disk
+from treegen.engine import disk, kernels
 from treegen.engine.generate import GenerationConfig, generate
 from treegen.engine.tree import DraftTree
 from treegen.models.checkpoint import save_dflash
@@ -126,6 +126,8 @@ def test_cost_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert B.cost_key(target) in json.loads(path.read_text())
     monkeypatch.setattr(B.VerifyCost, "measure", classmethod(lambda cls, model: pytest.fail("measured twice")))
     assert B.verify_cost(target, path) == first
+    monkeypatch.setattr(kernels, "tag", lambda: "another-version")   # new kernels: their cost is measured anew
+    assert B.cost_key(target) not in json.loads(path.read_text())
     path.write_text("{not json")  # a broken cache file is measured again, not a crash
     monkeypatch.undo()
     monkeypatch.setattr(disk, "BUSY_SHARE", float("inf"))

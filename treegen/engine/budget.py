@@ -101,7 +101,7 @@ def cost_key(model) -> str:
         (f"+mm:{step.head.form}" if isinstance(step.head, RowMatmul) else "")
     device = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else machine()
     return (f"{name}|{model.dtype}|{model.device}|{device}|threads={torch.get_num_threads()}"
-            f"|torch={torch.__version__}|{step}+invariant")
+            f"|torch={torch.__version__}|{step}+invariant|kernels={kernels.tag()}")
 
 
 def verify_cost(model, path: Path | None = None) -> VerifyCost:

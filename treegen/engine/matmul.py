@@ -310,11 +310,11 @@ def pick_invariant(seconds: dict[str, dict[int, float]], chunks: dict[str, int])
 
 
 def table_key(weight: torch.Tensor) -> str:
-    """What a measured choice depends on: shape, dtype, threads, torch, CPU capability, host and the forms
-    there were to choose from."""
+    """What a measured choice depends on: shape, dtype, threads, torch, CPU capability, host, the forms
+    there were to choose from and the compiled kernels' version."""
     n_out, n_in = weight.shape
     return (f"{n_out}x{n_in}|{weight.dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
-            f"|{torch.backends.cpu.get_cpu_capability()}|{machine()}|forms={','.join(FORMS)}")
+            f"|{torch.backends.cpu.get_cpu_capability()}|{machine()}|forms={','.join(FORMS)}|kernels={kernels.tag()}")
 
 
 def machine() -> str:

@@ -107,11 +107,12 @@ def neutral_counts(model, prompt_rows: int = 48, steps: int = 6, tree_rows: int 
 def neutral_key(model) -> str:
     import torch
 
+    from . import kernels
     from .matmul import machine
 
     name = getattr(model.config, "_name_or_path", "") or type(model).__name__
     return (f"{name}|{model.dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
-            f"|{torch.backends.cpu.get_cpu_capability()}|{machine()}")
+            f"|{torch.backends.cpu.get_cpu_capability()}|{machine()}|kernels={kernels.tag()}")
 
 
 def forward_logits(model, threads: int, prompt_rows: int, steps: int, tree_rows: int) -> list:
