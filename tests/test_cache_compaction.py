@@ -13,6 +13,7 @@ from conftest import tiny_llama, tiny_qwen3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import treegen.engine.cache as cache_module
 from treegen.engine.cache import cache_length, compact, new_cache
 from treegen.engine.tree import DraftTree, ancestor_matrix, node_depths, verification_inputs
 
@@ -20,6 +21,14 @@ VOCAB = 64
 ATOL = 1e-4
 MODELS = {"qwen3": tiny_qwen3(vocab=VOCAB), "llama": tiny_llama(vocab=VOCAB)}
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(autouse=True)
+def first_capacity():
+    """Tests here may start the cache's buffers small; every other test gets the default back."""
+    saved = cache_module.MIN_CAPACITY
+    yield
+    cache_module.MIN_CAPACITY = saved
 
 
 @st.composite
@@ -45,11 +54,12 @@ def fresh_logits(model, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids])).logits[0]
 
 
+@pytest.mark.parametrize("capacity", [256, 4], ids=["one-buffer", "grown"])
 @pytest.mark.parametrize("name", list(MODELS))
 @SETTINGS
 @given(data=st.data())
-def test_tree_rows_and_compacted_cache_match_fresh_forward(name, data):
-    model = MODELS[name]
+def test_tree_rows_and_compacted_cache_match_fresh_forward(name, capacity, data):
+    cache_module.MIN_CAPACITY, model = capacity, MODELS[name]   # put back after the test (fixture below)
     prefix = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12), "prefix")
     anchor = data.draw(st.integers(0, VOCAB - 1), "anchor")
     tree = data.draw(trees(), "tree")
@@ -160,3 +170,25 @@ def test_chain_and_empty_trees():
     for bad in ([1, -1], [-1, 1], [-2, 0]):
         with pytest.raises(ValueError, match="parents must come before children"):
             DraftTree(torch.tensor([1, 2]), torch.tensor(bad))
+
+
+def test_the_cache_grows_in_place_and_keeps_every_row(monkeypatch):
+    """Buffers that start at 4 positions and double: prefill, then steps of several causal rows of which a
+    prefix is kept (the rest cropped); every step's logits equal a fresh forward over the committed text.
+    (Trees, whose kept rows move, are the test above; with these buffers too, below.)"""
+    monkeypatch.setattr(cache_module, "MIN_CAPACITY", 4)
+    model = MODELS["qwen3"]
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(VOCAB, (3,), generator=gen).tolist()
+    cache = new_cache(model)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        for step in range(12):
+            rows = torch.randint(VOCAB, (1 + step % 4,), generator=gen).tolist()
+            got = model(input_ids=torch.tensor([rows]), past_key_values=cache, use_cache=True).logits[0]
+            torch.testing.assert_close(got[-1], fresh_logits(model, ids + rows)[-1], atol=ATOL, rtol=ATOL)
+            keep = list(range(1 + step % len(rows)))
+            compact(cache, len(ids), keep)
+            ids += [rows[k] for k in keep]
+            assert cache_length(cache) == len(ids)
+    assert cache.layers[0]._keys.shape[-2] >= len(ids) > 4

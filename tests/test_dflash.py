@@ -64,8 +64,13 @@ def test_round_trip_identical(drafter_dir, tmp_path):
     assert torch.equal(a(block, pos_b, ctx, pos_c), b(block, pos_b, ctx, pos_c))
 
 
-def test_context_cache_equals_naive_recompute(drafter_dir):
-    """Cached context K/V across rounds == full attention over [context; block] from scratch, fp32."""
+@pytest.mark.parametrize("capacity", [256, 4], ids=["one-buffer", "grown-four-times"])
+def test_context_cache_equals_naive_recompute(drafter_dir, capacity, monkeypatch):
+    """Cached context K/V across rounds == full attention over [context; block] from scratch, fp32; with a
+    small first buffer it is grown (copied) on the way."""
+    import treegen.models.dflash as dflash_model
+
+    monkeypatch.setattr(dflash_model, "MIN_CONTEXT", capacity)
     model = load_dflash(str(drafter_dir))
     torch.manual_seed(0)
     feats = torch.randn(40, 2 * 32)

@@ -2,16 +2,80 @@
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+MIN_CAPACITY = 256   # positions a layer's buffers start with; they double when full
 
 
 class CacheError(RuntimeError):
     pass
 
 
-def new_cache(model):
-    from transformers import DynamicCache
+class GrowingLayer(DynamicLayer):
+    """transformers' DynamicLayer with its keys and values kept as views of buffers that double when full:
+    a step copies its own rows in, where DynamicLayer concatenates the whole cache at every layer and step.
+    Cropping shortens the view; anything that sets keys / values (offloading, batch selection) hands over
+    a tensor that becomes the buffer."""
 
-    return DynamicCache(config=model.config)
+    def __init__(self, **kwargs):
+        self._length = 0
+        self._keys = self._values = None
+        super().__init__(**kwargs)
+
+    @property
+    def keys(self):
+        return None if self._keys is None else self._keys[..., :self._length, :]
+
+    @keys.setter
+    def keys(self, tensor):
+        self._keys = tensor
+        self._length = 0 if tensor is None or tensor.dim() < 2 else tensor.shape[-2]
+
+    @property
+    def values(self):
+        return None if self._values is None else self._values[..., :self._length, :]
+
+    @values.setter
+    def values(self, tensor):
+        self._values = tensor
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized or self._keys is None or self._keys.dim() < 2:
+            self.device, self.is_initialized = key_states.device, True
+            self._keys = self._values = None
+            self._length = 0
+        start, end = self._length, self._length + key_states.shape[-2]
+        if self._keys is None or end > self._keys.shape[-2]:
+            capacity = max(end, MIN_CAPACITY, 2 * (0 if self._keys is None else self._keys.shape[-2]))
+            self._keys, self._values = (self._grown(old, new, capacity) for old, new in
+                                        ((self._keys, key_states), (self._values, value_states)))
+        self._keys[..., start:end, :] = key_states
+        self._values[..., start:end, :] = value_states
+        self._length = end
+        return self.keys, self.values
+
+    def _grown(self, old, new, capacity: int) -> torch.Tensor:
+        buffer = new.new_empty(*new.shape[:-2], capacity, new.shape[-1])
+        if old is not None and self._length:
+            buffer[..., :self._length, :] = old[..., :self._length, :]
+        return buffer
+
+    def get_seq_length(self) -> int:
+        return self._length if self.is_initialized else 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of positions to drop, not {tokens_to_remove}")
+        if self.is_initialized:
+            self._length = max(self._length + tokens_to_remove, 0)
+
+
+def new_cache(model):
+    """transformers' DynamicCache for the model's config, its full-attention layers growing in place."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
 
 
 def check_compactable(cache) -> None:

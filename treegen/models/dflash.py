@@ -109,22 +109,38 @@ def lean(x: torch.Tensor, head_dim: int) -> bool:
     return not torch.is_grad_enabled() and x.shape[0] == 1 and kernels.ops_usable(x, head_dim)
 
 
+MIN_CONTEXT = 256   # positions a context buffer starts with; it doubles when full
+
+
 class ContextKV:
-    """Per-layer projected context keys/values, appended each round (block K/V are never stored)."""
+    """Per-layer projected context keys/values in buffers that double when full; each round appends its new
+    context and writes its block's K/V right after it, where the next round overwrites them (never kept)."""
 
     def __init__(self, num_layers: int):
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.lengths = [0] * num_layers
 
     @property
     def length(self) -> int:
-        return 0 if self.keys[0] is None else self.keys[0].shape[-2]
+        return self.lengths[0]
 
-    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        if self.keys[layer] is not None:
-            k, v = torch.cat([self.keys[layer], k], dim=-2), torch.cat([self.values[layer], v], dim=-2)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+    def extend(self, layer: int, k_ctx, v_ctx, k_blk, v_blk) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the context's [1, KV, n, D] keys / values; -> the whole context's, then the block's."""
+        start = self.lengths[layer]
+        ctx_end = start + k_ctx.shape[-2]
+        end = ctx_end + k_blk.shape[-2]
+        keys, values = self.keys[layer], self.values[layer]
+        if keys is None or end > keys.shape[-2]:
+            capacity = max(end, MIN_CONTEXT, 2 * (0 if keys is None else keys.shape[-2]))
+            grown = [k_ctx.new_empty(*k_ctx.shape[:-2], capacity, k_ctx.shape[-1]) for _ in range(2)]
+            if keys is not None:
+                grown[0][..., :start, :], grown[1][..., :start, :] = keys[..., :start, :], values[..., :start, :]
+            keys, values = self.keys[layer], self.values[layer] = grown
+        keys[..., start:ctx_end, :], values[..., start:ctx_end, :] = k_ctx, v_ctx
+        keys[..., ctx_end:end, :], values[..., ctx_end:end, :] = k_blk, v_blk
+        self.lengths[layer] = ctx_end
+        return keys[..., :end, :], values[..., :end, :]
 
 
 class Attention(nn.Module):
@@ -152,10 +168,11 @@ class Attention(nn.Module):
         b, q_len, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2)
         k_ctx, v_ctx = self._kv(ctx, rope_ctx)
-        if cache is not None:
-            k_ctx, v_ctx = cache.extend(layer, k_ctx, v_ctx)
         k_blk, v_blk = self._kv(x, rope_x)
-        k, v = torch.cat([k_ctx, k_blk], dim=-2), torch.cat([v_ctx, v_blk], dim=-2)
+        if cache is not None:
+            k, v = cache.extend(layer, k_ctx, v_ctx, k_blk, v_blk)
+        else:
+            k, v = torch.cat([k_ctx, k_blk], dim=-2), torch.cat([v_ctx, v_blk], dim=-2)
         out = F.scaled_dot_product_attention(rope(q, rope_x), k, v, attn_mask=mask,
                                              enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
@@ -173,11 +190,11 @@ class Attention(nn.Module):
         if c_len:
             k_ctx = kernels.rms_norm(k_ctx, self.k_norm.weight, self.k_norm.eps)
             k_ctx = kernels.rope_(k_ctx, *(t.reshape(c_len, d) for t in rope_ctx))
-        k_ctx, v_ctx = k_ctx.transpose(1, 2), v_ctx.transpose(1, 2)
+        k_ctx, v_ctx, k_blk, v_blk = (t.transpose(1, 2) for t in (k_ctx, v_ctx, k_blk, v_blk))
         if cache is not None:
-            k_ctx, v_ctx = cache.extend(layer, k_ctx, v_ctx)
-        k = torch.cat([k_ctx, k_blk.transpose(1, 2)], dim=-2)
-        v = torch.cat([v_ctx, v_blk.transpose(1, 2)], dim=-2)
+            k, v = cache.extend(layer, k_ctx, v_ctx, k_blk, v_blk)
+        else:
+            k, v = torch.cat([k_ctx, k_blk], dim=-2), torch.cat([v_ctx, v_blk], dim=-2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask,
                                              enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(1, q_len, -1))
