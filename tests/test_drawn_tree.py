@@ -139,8 +139,9 @@ def test_treeflash_support_draws_are_draws_from_the_laws_it_reports():
     scored = Scored(marginal.topk(2, dim=-1).indices, support, torch.randn(depth, 2, 3, generator=g))
     lm_head, embed = torch.randn(vocab, hidden, generator=g), torch.randn(vocab, hidden, generator=g)
     state = DraftState(torch.tensor([0]), 4, Sampler(temperature=0.8), torch.Generator().manual_seed(5))
-    me = SimpleNamespace(law=state, draws=2, block=SimpleNamespace(lm_head=SimpleNamespace(weight=lm_head)))
+    me = SimpleNamespace(law=state, draws=2, block=SimpleNamespace(lm_head=SimpleNamespace(weight=lm_head), vocab=None))
     me.tail_draws = lambda *a: TreeFlashDrafter.tail_draws(me, *a)
+    me.outside = lambda support: TreeFlashDrafter.outside(me, support)
 
     def states(d, prev):
         return embed[prev] + d

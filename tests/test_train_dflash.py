@@ -7,6 +7,7 @@ import torch
 from click.testing import CliRunner
 from conftest import TINY_CORPUS
 
+from treegen.drafters.vocab import DRAFT_VOCAB, load_vocab
 from treegen.train.cli import train
 from treegen.train.dflash import block_mask, sample_anchors
 
@@ -66,6 +67,8 @@ def test_training_raises_heldout_acceptance(tiny_model_dir, tmp_path):
     assert after["T=0"] >= before["T=0"] + 0.3, (before, after)  # measured: 1.02 -> 1.42
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == 8
+    frequent = load_vocab(out)   # the tokens its head scores when drafting: the data's most frequent
+    assert frequent is not None and 0 < len(frequent) <= DRAFT_VOCAB and len(set(frequent.tolist())) == len(frequent)
 
     # --init continues that drafter (its shape wins over --layers), on a saved stream plus text
     cont = tmp_path / "continued"

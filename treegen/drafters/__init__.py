@@ -36,6 +36,7 @@ class Method:
             if self.tree:   # and whether the drawn children get drawn children (drafters/drawn.py)
                 options["draw_shape"] = D.DRAW_SHAPE
             options["dtype"] = D.DTYPE   # the drafter's precision, whatever the target's (drafters/precision.py)
+            options["vocab"] = D.VOCAB   # the tokens its head scores (drafters/vocab.py)
         return options
 
 
@@ -181,10 +182,14 @@ def build_drafter(name: str, target, drafter_path: str | None = None, options: d
     if method.needs_drafter:
         from .base import Drawing
         from .precision import draft_dtype
+        from .vocab import load_vocab
 
         drawing = Drawing(options.pop("sample"), options.pop("draws"), options.pop("draw_shape", D.DRAW_SHAPE))
+        frequent = load_vocab(drafter_path) if options.pop("vocab", D.VOCAB) == "auto" else None
         drafter = method.build(target, drafter_path, drawing, **options)
         drafter.cast(draft_dtype(dtype, target))
+        if frequent is not None:
+            drafter.restrict_vocab(frequent)
     else:
         drafter = method.build(target, drafter_path, **options)
     if lookup:

@@ -78,12 +78,17 @@ class D2SDDrafter(BuildClock):
         self.first.cast(dtype)
         self.vp.cast(dtype, like=self.first)
 
+    def restrict_vocab(self, frequent: torch.Tensor) -> None:
+        """The `vocab` option (drafters/vocab.py): one head over the subset, both drafters read it."""
+        self.first.restrict(frequent)
+        self.vp.lm_head, self.vp.vocab = self.first.lm_head, self.first.vocab
+
     def begin(self, prompt, features) -> None:
-        self.first.begin(features)
+        self.first.begin(features, prompt)
         self.vp.begin(features)
 
     def commit(self, tokens, features) -> None:
-        self.first.commit(features)
+        self.first.commit(features, tokens)
         self.vp.commit(features)
 
     def propose(self, state: DraftState) -> DraftTree:

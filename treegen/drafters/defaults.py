@@ -9,6 +9,8 @@ DRAWS = 1               # with `sample`: drawn children at depth 1 (half as many
 DTYPE = "auto"          # any drafter's method: its compute precision; auto = bf16 for an fp32 target on a CPU with
                         #   native bf16 dot products (3.6x faster matmuls there, docs/methods.md), else the target's
 DTYPES = ("auto", "fp32", "bf16", "fp16")
+VOCAB = "auto"          # any drafter's method: the tokens its head scores; auto = the frequent tokens its drafter
+VOCABS = ("auto", "full")   #   ships (draft_vocab.safetensors) and the context's, else all; full = all (drafters/vocab.py)
 DRAW_SHAPE = "tree"     # with `sample`, a tree method's drawn part: chain = the first draws' chain with its siblings;
 DRAW_SHAPES = ("chain", "tree")   # tree = every drawn node's children drawn too (drafters/drawn.py)
 TREE_DRAWS = 16         # the tree methods' default (docs/benchmarks.md: acceptance rose to 16 at T=1)
@@ -39,7 +41,7 @@ TREEFLASH_TEMPERATURE = 1.0  # drafter temperature: rescales the heap's log-prob
 TREEFLASH_SUPPORT_CPU = 64  # on a CPU, score each depth over its marginal top-64 only (0 = full vocabulary)
 TREEFLASH_TABLE_MAX = 2 ** 25  # largest vocab x 2I token table kept on a CPU (fp32: 128 MB)
 # the values a string option takes, checked before anything loads (None: any method that has the option)
-CHOICES = {(None, "dtype"): DTYPES, (None, "draw_shape"): DRAW_SHAPES, ("dartree", "variant"): DARTREE_VARIANTS,
+CHOICES = {(None, "dtype"): DTYPES, (None, "vocab"): VOCABS, (None, "draw_shape"): DRAW_SHAPES, ("dartree", "variant"): DARTREE_VARIANTS,
            ("d2sd", "branch"): D2SD_BRANCHES}
 # the smallest valid value of numeric options, checked (with the types) before anything loads
 MINIMUM = {("pld", "max_ngram"): 1, ("pld", "min_ngram"): 1, ("pld", "draft_len"): 1, ("pld", "branches"): 1,

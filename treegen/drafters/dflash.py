@@ -12,6 +12,7 @@ from ..models.checkpoint import check_fits, load_dflash
 from ..models.dflash import ContextKV, DFlashDrafter
 from .base import DraftState, Drawing, sampled_chain
 from .precision import embedding_on, head_on
+from .vocab import DraftHead
 
 
 class DFlashBlock:
@@ -24,6 +25,7 @@ class DFlashBlock:
         self.block_size = model.config.block_size
         self.cache = ContextKV(model.config.num_hidden_layers)
         self.pending: torch.Tensor | None = None  # target features not yet projected into the cache
+        self.vocab: DraftHead | None = None       # the head over a subset of the vocabulary (drafters/vocab.py)
 
     @property
     def target_layer_ids(self) -> tuple[int, ...]:
@@ -42,19 +44,28 @@ class DFlashBlock:
         block already cast whose embedding and lm_head to share. Then its matmuls tuned."""
         self.model.to(dtype)
         if like is not None:   # already in `dtype`, its lm_head its own (and tuned) whatever the dtype
-            self.embed, self.lm_head = like.embed, like.lm_head
+            self.embed, self.lm_head, self.vocab = like.embed, like.lm_head, like.vocab
         else:
             tied = self.lm_head.weight is self.embed.weight
             self.embed = embedding_on(self.embed, self.device, dtype)
             self.lm_head = head_on(self.lm_head, self.device, dtype, self.embed.weight if tied else None)
         tune_linears(self.model, self.lm_head)
 
-    def begin(self, features: torch.Tensor) -> None:
+    def restrict(self, frequent: torch.Tensor) -> None:
+        """Score only the frequent tokens and the context's (after cast: the head it wraps is the cast one)."""
+        self.lm_head = self.vocab = DraftHead(self.lm_head, frequent)
+
+    def begin(self, features: torch.Tensor, prompt: torch.Tensor | None = None) -> None:
         self.cache = ContextKV(self.model.config.num_hidden_layers)
         self.pending = features
+        if self.vocab is not None and prompt is not None:   # d2sd's second drafter shares the first's head
+            self.vocab.reset()
+            self.vocab.admit(prompt)
 
-    def commit(self, features: torch.Tensor) -> None:
+    def commit(self, features: torch.Tensor, tokens: torch.Tensor | None = None) -> None:
         self.pending = features if self.pending is None else torch.cat([self.pending, features])
+        if self.vocab is not None and tokens is not None:
+            self.vocab.admit(tokens)
 
     def hidden(self, anchor: int, normed: bool = True) -> torch.Tensor:
         """[B, H] drafter states of the block [anchor, MASK...]; folds the pending context into the cache.
@@ -114,11 +125,15 @@ class BlockDrafter(BuildClock):
         """Drafting in `dtype` (the `dtype` option: drafters/precision.py)."""
         self.block.cast(dtype)
 
+    def restrict_vocab(self, frequent: torch.Tensor) -> None:
+        """The `vocab` option (drafters/vocab.py)."""
+        self.block.restrict(frequent)
+
     def begin(self, prompt, features) -> None:
-        self.block.begin(features)
+        self.block.begin(features, prompt)
 
     def commit(self, tokens, features) -> None:
-        self.block.commit(features)
+        self.block.commit(features, tokens)
 
     def sampling(self, state: DraftState) -> DraftState | None:
         """The round's state when its drafts are drawn (`sample` and T > 0), else None."""

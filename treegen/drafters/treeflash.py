@@ -206,6 +206,7 @@ class TreeFlashDrafter(BlockDrafter):
         noise = race(torch.zeros(depth, s, device=logp.device), self.law)             # [D, s]: a depth's nodes share it
         best = race(rest[:start], self.law).topk(min(self.draws, rest.shape[-1]), dim=-1)   # [start, W]
         rows = self.block.lm_head.weight[support]                                      # [D, s, H]
+        outside = self.outside(support)
         tail = self.tail_draws(scored, logp, share, z_rest, rest, noise, start) if start < depth else None
         candidates = [{tok: r for r, tok in enumerate(row)} for row in top_m.tolist()]
 
@@ -214,7 +215,8 @@ class TreeFlashDrafter(BlockDrafter):
                 r = candidates[d - 1].get(int(prev[0]), top_m.shape[1])                # the parent's row at depth d
                 return Level(tail[0][d, r:r + 1, None], tail[1][d, r:r + 1, None], (d, tail[2][d, r:r + 1]))
             f = len(prev)
-            inside = ((states(d, prev) @ rows[d].T).float().log_softmax(-1) + share[d]) / t      # [F, s]
+            inside = ((states(d, prev) @ rows[d].T).float() + outside[d]).log_softmax(-1)
+            inside = (inside + share[d]) / t                                                  # [F, s]
             norm = torch.logaddexp(inside.logsumexp(-1), z_rest[d])
             keys = torch.cat([inside + noise[d], best.values[d].expand(f, -1)], -1).topk(width, dim=-1)
             ids = torch.cat([support[d].expand(f, -1), best.indices[d].expand(f, -1)], -1).gather(1, keys.indices)
@@ -251,7 +253,8 @@ class TreeFlashDrafter(BlockDrafter):
         the support's share of it spread by the conditional (as score() does: no token loses all its mass)."""
         if support is None:
             return self.block.lm_head(rows).float()
-        cond = (rows @ self.block.lm_head.weight.index_select(0, support).T).float().log_softmax(-1)
+        cond = (rows @ self.block.lm_head.weight.index_select(0, support).T).float() + self.outside(support)
+        cond = cond.log_softmax(-1)
         out = logp.expand(len(rows), -1).clone()
         out[:, support] = cond + logp[support].logsumexp(-1)
         return out
@@ -277,7 +280,15 @@ class TreeFlashDrafter(BlockDrafter):
             return Scored(top_m, None, self.block.lm_head(states).float())
         support = ranked[:, :self.support]                                           # [D, s]
         rows = self.block.lm_head.weight.index_select(0, support.flatten()).view(*support.shape, -1)
-        return Scored(top_m, support, torch.bmm(states, rows.transpose(1, 2)).float())   # [D, m, s]
+        logits = torch.bmm(states, rows.transpose(1, 2)).float() + self.outside(support)[:, None]
+        return Scored(top_m, support, logits)                                        # [D, m, s]
+
+    def outside(self, support: torch.Tensor) -> torch.Tensor:
+        """-inf for support tokens outside the drafter's vocabulary (the `vocab` option), else 0: the support
+        is gathered rows of the whole head, and a token the head does not score is never drafted."""
+        if self.block.vocab is None:
+            return torch.zeros(support.shape, device=support.device)
+        return self.block.vocab.penalty(support)
 
     @torch.no_grad()
     def tables(self, hidden: torch.Tensor, anchor: int, parts: tuple[torch.Tensor, torch.Tensor] | None = None,

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..drafters import vocab
 from ..drafters.untrained import untrained_dflash
 from ..models.checkpoint import save_dflash
 from ..models.dflash import DFlashDrafter
@@ -137,9 +138,19 @@ def candidate_logits(target, hidden: torch.Tensor, labels: torch.Tensor, candida
 
 
 def frequent_tokens(stream: torch.Tensor, k: int) -> torch.Tensor:
-    """The k most frequent token ids of a stream (the candidate vocabulary of a cheaper loss)."""
-    counts = torch.bincount(stream.long())
-    return counts.topk(min(k, int((counts > 0).sum()))).indices.sort().values
+    """The k most frequent token ids of a stream, ascending (the candidate vocabulary of a cheaper loss)."""
+    return vocab.frequent_tokens(stream, int(stream.max()) + 1, k).sort().values
+
+
+def exporter(save, out_dir: Path, stream: torch.Tensor, target):
+    """on_checkpoint(): the drafter in its published layout (`save`), and beside it the tokens its head scores
+    when drafting (drafters/vocab.py: the stream's most frequent)."""
+    ids = vocab.frequent_tokens(stream, target.get_output_embeddings().weight.shape[0])
+
+    def export() -> None:
+        save()
+        vocab.save_vocab(out_dir, ids)
+    return export
 
 
 def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float,
@@ -248,5 +259,6 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
         evaluate = keeping_best(heldout_loss(drafter, target, windows.heldout(), cfg, gamma, candidates), drafter,
                                 out_dir)
     return fit(drafter, opt, sched, gen, ckpt, sharded(rt, draw, loss, cfg.batch * cfg.anchors * cfg.block_size),
-               resume=resume, ckpt_every=cfg.ckpt_every, on_checkpoint=lambda: save_dflash(drafter, out_dir),
+               resume=resume, ckpt_every=cfg.ckpt_every,
+               on_checkpoint=exporter(lambda: save_dflash(drafter, out_dir), out_dir, stream, target),
                evaluate=evaluate, rt=rt)

@@ -23,6 +23,7 @@ from .data import read_stream
 from .dflash import (
     GAMMA_BY_BLOCK,
     block_pass,
+    exporter,
     freeze,
     position_weights,
     sample_anchors,
@@ -128,8 +129,8 @@ def train_domino(target, backbone: DFlashDrafter, head: DominoHead, stream: torc
         return value, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f} lambda {lam:.2f}"
 
     step, elapsed = fit(model, opt, sched, gen, ckpt, sharded(rt, draw, loss, cfg.batch * cfg.anchors * block),
-                        resume=resume, ckpt_every=cfg.ckpt_every, on_checkpoint=lambda: save_domino(backbone, head, out_dir),
-                        rt=rt)
+                        resume=resume, ckpt_every=cfg.ckpt_every, rt=rt,
+                        on_checkpoint=exporter(lambda: save_domino(backbone, head, out_dir), out_dir, stream, target))
     backbone.eval()
     return step, elapsed
 

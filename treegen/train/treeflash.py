@@ -18,6 +18,7 @@ from .common import LoopConfig, Schedule, fit, run_on, sharded
 from .dflash import (
     GAMMA_BY_BLOCK,
     block_pass,
+    exporter,
     freeze,
     position_weights,
     sample_anchors,
@@ -83,5 +84,5 @@ def train_treeflash(target, model: TreeFlashModel, stream: torch.Tensor, out_dir
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=25)
     return fit(head, opt, sched, gen, out_dir / "train_state.pt", sharded(rt, draw, loss, cfg.batch * cfg.anchors * block),
-               resume=resume, ckpt_every=cfg.ckpt_every, on_checkpoint=lambda: save_treeflash(model, out_dir, save_dtype),
-               rt=rt)
+               resume=resume, ckpt_every=cfg.ckpt_every, rt=rt,
+               on_checkpoint=exporter(lambda: save_treeflash(model, out_dir, save_dtype), out_dir, stream, target))

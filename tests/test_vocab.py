@@ -1,0 +1,93 @@
+"""The drafter's vocabulary (drafters/vocab.py): the head over the frequent tokens and the context's scores
+them as the whole head does and gives every other token -inf; a drafter built with it drafts from them only,
+and the output stays the target's (T=0: plain decoding's tokens; T>0: the laws with zeros that
+test_sampled_chain.py holds to the target's distribution)."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from conftest import tiny_qwen3
+from test_dflash import tiny_drafter_config
+
+from treegen.drafters import MethodError, build_drafter, check_options, get_method
+from treegen.drafters.vocab import VOCAB_FILE, DraftHead, frequent_tokens, load_vocab, save_vocab
+from treegen.engine.generate import GenerationConfig, generate
+from treegen.models.checkpoint import save_dflash
+from treegen.models.dflash import DFlashDrafter
+
+
+def test_frequent_tokens_by_count_then_id():
+    stream = torch.tensor([5, 3, 5, 7, 3, 5, 9, 9, 9, 1])
+    assert frequent_tokens(stream, 12, 3).tolist() == [5, 9, 3]
+    assert frequent_tokens(stream, 12, 100).tolist() == [5, 9, 3, 1, 7]   # only tokens that occur
+
+
+def test_the_head_scores_its_tokens_as_the_whole_head_and_no_others():
+    torch.manual_seed(0)
+    full = torch.nn.Linear(16, 40, bias=False)
+    head = DraftHead(full, torch.tensor([3, 7, 1]))
+    x = torch.randn(2, 5, 16)
+    out = head(x)
+    assert out.shape == (2, 5, 40)
+    kept = torch.tensor([1, 3, 7])
+    torch.testing.assert_close(out[..., kept], full(x)[..., kept])
+    assert torch.isinf(out[..., [0, 2, 4, 39]]).all()
+    head.admit([39, 3, 39])
+    torch.testing.assert_close(head(x)[..., 39], full(x)[..., 39])
+    head.reset()
+    assert torch.isinf(head(x)[..., 39]).all() and head.weight is full.weight
+
+
+def test_the_vocab_file_round_trips(tmp_path):
+    assert load_vocab(tmp_path) is None and load_vocab(None) is None
+    save_vocab(tmp_path, torch.tensor([4, 2, 9]))
+    assert load_vocab(tmp_path).tolist() == [4, 2, 9]
+
+
+def test_the_option_takes_auto_or_full_only():
+    method = get_method("ddtree")
+    assert check_options(method, {"vocab": "full"})["vocab"] == "full"
+    with pytest.raises(MethodError):
+        check_options(method, {"vocab": "most"})
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    target = tiny_qwen3(vocab=64, seed=2)
+    folder = tmp_path_factory.mktemp("drafter")
+    torch.manual_seed(1)
+    save_dflash(DFlashDrafter(tiny_drafter_config(target)), folder)
+    save_vocab(folder, torch.arange(10, 30))
+    return target, folder
+
+
+@pytest.mark.parametrize("method", ["dflash", "ddtree", "treeflash"])
+def test_drafts_come_from_the_vocab_and_the_output_is_plain_decodings(pair, method, tmp_path):
+    target, folder = pair
+    if method == "treeflash":   # a TreeFlash checkpoint: the DFlash backbone and its (zero) head
+        from treegen.models.checkpoint import load_dflash
+        from treegen.models.treeflash import from_dflash, save_treeflash
+
+        save_treeflash(from_dflash(load_dflash(str(folder))), tmp_path)
+        shutil.copy(folder / VOCAB_FILE, tmp_path / VOCAB_FILE)
+        folder = tmp_path
+    prompt = torch.tensor([40, 41, 42, 12, 13, 14, 40, 41])
+    drafter, drafted = build_drafter(method, target, str(folder)), set()
+    propose = drafter.propose
+
+    def recorded(state):
+        tree = propose(state)
+        drafted.update(tree.tokens.tolist())
+        return tree
+
+    drafter.propose = recorded
+    rounds = list(generate(target, drafter, prompt, GenerationConfig(20)))
+    allowed = set(range(10, 30)) | set(prompt.tolist()) | {t for r in rounds for t in r.tokens}
+    assert drafted and drafted <= allowed
+    out = [t for r in rounds for t in r.tokens]
+    ref = target.generate(prompt[None], max_new_tokens=20, do_sample=False)[0, len(prompt):].tolist()
+    assert out == ref
+    whole = build_drafter(method, target, str(folder), {"vocab": "full"})
+    assert [t for r in generate(target, whole, prompt, GenerationConfig(20)) for t in r.tokens] == ref
