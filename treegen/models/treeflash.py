@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..engine.matmul import Matmul
 from .checkpoint import CheckpointError, check_fits, config_to_json, read_config, read_state_dict, resolve_checkpoint
 from .dflash import DFlashConfig, DFlashDrafter, RMSNorm
 
@@ -38,10 +39,25 @@ class SwiGLUApproximation(nn.Module):
     # ug is linear in [norm(e_prev); h], so its two halves can be computed apart: the token half once per
     # token (a table over the vocabulary when that is small), the state half once per block position
     def token_part(self, prev_embed: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(prev_embed), self.ug.weight[:, :self.norm.weight.shape[0]])
+        if torch.is_grad_enabled():
+            return F.linear(self.norm(prev_embed), self.ug.weight[:, :self.norm.weight.shape[0]])
+        return self.halves()[0](self.norm(prev_embed))
 
     def state_part(self, normed_hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(normed_hidden, self.ug.weight[:, self.norm.weight.shape[0]:], self.ug.bias)
+        if torch.is_grad_enabled():
+            return F.linear(normed_hidden, self.ug.weight[:, self.norm.weight.shape[0]:], self.ug.bias)
+        return self.halves()[1](normed_hidden) + self.ug.bias
+
+    def halves(self) -> tuple[Matmul, Matmul]:
+        """Drafting: ug's token and state halves as products of their own (a column slice of ug's weight is
+        copied by every F.linear), made again when the weight changes."""
+        w = self.ug.weight
+        key = (w.data_ptr(), w._version, w.dtype)
+        if self.__dict__.get("_halves_key") != key:
+            h = self.norm.weight.shape[0]
+            self._halves = Matmul(w[:, :h].detach().contiguous()), Matmul(w[:, h:].detach().contiguous())
+            self._halves_key = key
+        return self._halves
 
     def combine(self, token_part: torch.Tensor, state_part: torch.Tensor) -> torch.Tensor:
         u, g = (token_part + state_part).chunk(2, dim=-1)
