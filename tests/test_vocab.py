@@ -91,3 +91,13 @@ def test_drafts_come_from_the_vocab_and_the_output_is_plain_decodings(pair, meth
     assert out == ref
     whole = build_drafter(method, target, str(folder), {"vocab": "full"})
     assert [t for r in generate(target, whole, prompt, GenerationConfig(20)) for t in r.tokens] == ref
+
+
+def test_a_head_that_is_not_a_plain_linear_scores_every_token(pair):
+    """A quantized or biased head kept as the target's own module is left whole, not wrapped."""
+    target, folder = pair
+    drafter = build_drafter("ddtree", target, str(folder), {"vocab": "full"})
+    odd = torch.nn.Linear(target.config.hidden_size, 64, bias=True)
+    drafter.block.lm_head = odd
+    drafter.restrict_vocab(torch.arange(10, 30))
+    assert drafter.block.vocab is None and drafter.block.lm_head is odd

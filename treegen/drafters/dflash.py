@@ -11,7 +11,7 @@ from ..engine.tree import DraftTree
 from ..models.checkpoint import check_fits, load_dflash
 from ..models.dflash import ContextKV, DFlashDrafter
 from .base import DraftState, Drawing, sampled_chain
-from .precision import embedding_on, head_on
+from .precision import embedding_on, head_on, plain_head
 from .vocab import DraftHead
 
 
@@ -52,8 +52,10 @@ class DFlashBlock:
         tune_linears(self.model, self.lm_head)
 
     def restrict(self, frequent: torch.Tensor) -> None:
-        """Score only the frequent tokens and the context's (after cast: the head it wraps is the cast one)."""
-        self.lm_head = self.vocab = DraftHead(self.lm_head, frequent)
+        """Score only the frequent tokens and the context's (after cast: the head it wraps is the cast one).
+        A head that is not a plain Linear (a quantized module kept as the target's own) scores them all."""
+        if plain_head(self.lm_head):
+            self.lm_head = self.vocab = DraftHead(self.lm_head, frequent)
 
     def begin(self, features: torch.Tensor, prompt: torch.Tensor | None = None) -> None:
         self.cache = ContextKV(self.model.config.num_hidden_layers)
