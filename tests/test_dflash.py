@@ -68,9 +68,9 @@ def test_round_trip_identical(drafter_dir, tmp_path):
 def test_context_cache_equals_naive_recompute(drafter_dir, capacity, monkeypatch):
     """Cached context K/V across rounds == full attention over [context; block] from scratch, fp32; with a
     small first buffer it is grown (copied) on the way."""
-    import treegen.models.dflash as dflash_model
+    import treegen.engine.cache as cache_module
 
-    monkeypatch.setattr(dflash_model, "MIN_CONTEXT", capacity)
+    monkeypatch.setattr(cache_module, "MIN_CAPACITY", capacity)
     model = load_dflash(str(drafter_dir))
     torch.manual_seed(0)
     feats = torch.randn(40, 2 * 32)

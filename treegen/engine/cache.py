@@ -12,6 +12,19 @@ class CacheError(RuntimeError):
     pass
 
 
+def room(buffer: torch.Tensor | None, like: torch.Tensor, kept: int, end: int) -> torch.Tensor:
+    """`buffer` [..., positions, D] if it holds `end` positions, else a new one of `like`'s dtype and device
+    (twice the old size, at least MIN_CAPACITY) holding the old one's first `kept` positions: rows appended
+    in place cost only themselves, and a full buffer doubles."""
+    if buffer is not None and end <= buffer.shape[-2]:
+        return buffer
+    capacity = max(end, MIN_CAPACITY, 2 * (0 if buffer is None else buffer.shape[-2]))
+    grown = like.new_empty(*like.shape[:-2], capacity, like.shape[-1])
+    if buffer is not None and kept:
+        grown[..., :kept, :] = buffer[..., :kept, :]
+    return grown
+
+
 class GrowingLayer(DynamicLayer):
     """transformers' DynamicLayer with its keys and values kept as views of buffers that double when full:
     a step copies its own rows in, where DynamicLayer concatenates the whole cache at every layer and step.
@@ -46,20 +59,12 @@ class GrowingLayer(DynamicLayer):
             self._keys = self._values = None
             self._length = 0
         start, end = self._length, self._length + key_states.shape[-2]
-        if self._keys is None or end > self._keys.shape[-2]:
-            capacity = max(end, MIN_CAPACITY, 2 * (0 if self._keys is None else self._keys.shape[-2]))
-            self._keys, self._values = (self._grown(old, new, capacity) for old, new in
-                                        ((self._keys, key_states), (self._values, value_states)))
+        self._keys = room(self._keys, key_states, start, end)
+        self._values = room(self._values, value_states, start, end)
         self._keys[..., start:end, :] = key_states
         self._values[..., start:end, :] = value_states
         self._length = end
         return self.keys, self.values
-
-    def _grown(self, old, new, capacity: int) -> torch.Tensor:
-        buffer = new.new_empty(*new.shape[:-2], capacity, new.shape[-1])
-        if old is not None and self._length:
-            buffer[..., :self._length, :] = old[..., :self._length, :]
-        return buffer
 
     def get_seq_length(self) -> int:
         return self._length if self.is_initialized else 0

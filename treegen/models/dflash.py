@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..engine import kernels
+from ..engine.cache import room
 from ..engine.fast_decoder import Projections
 from ..engine.matmul import Matmul
 
@@ -109,12 +110,10 @@ def lean(x: torch.Tensor, head_dim: int) -> bool:
     return not torch.is_grad_enabled() and x.shape[0] == 1 and kernels.ops_usable(x, head_dim)
 
 
-MIN_CONTEXT = 256   # positions a context buffer starts with; it doubles when full
-
-
 class ContextKV:
-    """Per-layer projected context keys/values in buffers that double when full; each round appends its new
-    context and writes its block's K/V right after it, where the next round overwrites them (never kept)."""
+    """Per-layer projected context keys/values in buffers that double when full (engine/cache.room); each
+    round appends its new context and writes its block's K/V right after it, where the next round overwrites
+    them (never kept)."""
 
     def __init__(self, num_layers: int):
         self.keys: list[torch.Tensor | None] = [None] * num_layers
@@ -130,13 +129,8 @@ class ContextKV:
         start = self.lengths[layer]
         ctx_end = start + k_ctx.shape[-2]
         end = ctx_end + k_blk.shape[-2]
-        keys, values = self.keys[layer], self.values[layer]
-        if keys is None or end > keys.shape[-2]:
-            capacity = max(end, MIN_CONTEXT, 2 * (0 if keys is None else keys.shape[-2]))
-            grown = [k_ctx.new_empty(*k_ctx.shape[:-2], capacity, k_ctx.shape[-1]) for _ in range(2)]
-            if keys is not None:
-                grown[0][..., :start, :], grown[1][..., :start, :] = keys[..., :start, :], values[..., :start, :]
-            keys, values = self.keys[layer], self.values[layer] = grown
+        keys = self.keys[layer] = room(self.keys[layer], k_ctx, start, end)
+        values = self.values[layer] = room(self.values[layer], v_ctx, start, end)
         keys[..., start:ctx_end, :], values[..., start:ctx_end, :] = k_ctx, v_ctx
         keys[..., ctx_end:end, :], values[..., ctx_end:end, :] = k_blk, v_blk
         self.lengths[layer] = ctx_end
