@@ -18,7 +18,7 @@ def test_tapped_states_of_a_left_padded_generation_match_a_forward_of_each_row()
     mask = torch.zeros(2, 6, dtype=torch.long)
     for r, p in enumerate(prompts):
         ids[r, 6 - len(p):], mask[r, 6 - len(p):] = p, 1
-    tap = LayerTap(model, (0, 1))   # (the last layer's hidden_states entry is after the final norm)
+    tap = LayerTap(model, (0, 1, 2))   # the last layer kept after the final norm, as its hidden_states entry
     try:
         got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
         feats = tap.features(got.shape[1])
@@ -26,7 +26,7 @@ def test_tapped_states_of_a_left_padded_generation_match_a_forward_of_each_row()
         tap.close()
     for r, p in enumerate(prompts):
         row = got[r, 6 - len(p):]
-        ref = target_features(model, row[None], (0, 1))[0]
+        ref = target_features(model, row[None], (0, 1, 2))[0]
         torch.testing.assert_close(feats[r, 6 - len(p):-1].float(), ref[:-1], atol=2e-3, rtol=2e-3)
         assert not feats[r, -1].any()   # the last token is never fed: zeros
 
@@ -109,3 +109,20 @@ def test_heldout_windows_are_never_sampled_for_training(tmp_path):
         assert all(not (windows(gen)[0] == 1).any() for _ in range(20))
         kept, feats, _ = windows.heldout()
         assert kept.shape == (2, 32) and (kept == 1).all() and (feats is None) == (cache is None)
+
+
+def test_windows_give_the_targets_last_layer_states_apart_for_a_soft_loss(tmp_path):
+    """final=L-1: the store also keeps the last layer (filled into a store made without it), read apart from
+    the drafter's columns; through the lm_head alone it is the target's own next-token law."""
+    model = tiny_llama(layers=3)
+    stream = torch.randint(3, 90, (160,), generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    FeatureWindows(tmp_path, model, stream, 32, (1,), model.config.hidden_size, log=lambda m: None)
+    windows = FeatureWindows(tmp_path, model, stream, 32, (1,), model.config.hidden_size, log=lambda m: None,
+                             final=2)
+    starts = [0, 64]
+    ids, feats = windows.ids(starts), windows.features(starts)
+    assert feats.shape == (2, 32, model.config.hidden_size)
+    law = model.get_output_embeddings()(windows.final(starts))
+    torch.testing.assert_close(law, model(input_ids=ids).logits, atol=3e-2, rtol=3e-2)
+    assert FeatureWindows(tmp_path, model, stream, 32, (1,), model.config.hidden_size,
+                          log=lambda m: None).final(starts) is None

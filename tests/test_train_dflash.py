@@ -92,11 +92,49 @@ def test_candidate_loss_is_the_full_loss_when_it_covers_the_vocabulary_and_renum
 
     target = tiny_qwen3()
     hidden, labels = torch.randn(2, 3, 32), torch.tensor([[5, 7, 5], [90, 1, 7]])
-    full, same = candidate_logits(target, hidden, labels, None)
-    every, renumbered = candidate_logits(target, hidden, labels, torch.arange(96))
+    full, same, none = candidate_logits(target, hidden, labels, None)
+    every, renumbered, _ = candidate_logits(target, hidden, labels, torch.arange(96))
     torch.testing.assert_close(F.cross_entropy(every.flatten(0, 1), renumbered.flatten()),
                                F.cross_entropy(full.flatten(0, 1), same.flatten()))
-    few, ids = candidate_logits(target, hidden, labels, torch.tensor([3, 5]))   # subset {1, 3, 5, 7, 90}
+    few, ids, subset = candidate_logits(target, hidden, labels, torch.tensor([3, 5]))   # subset {1, 3, 5, 7, 90}
+    assert none is None and subset.tolist() == [1, 3, 5, 7, 90]
     assert few.shape[-1] == 5 and ids.tolist() == [[2, 3, 2], [4, 0, 3]]
     torch.testing.assert_close(few[..., 2], full[..., 5])
     assert frequent_tokens(torch.tensor([4, 4, 4, 9, 9, 2]), 2).tolist() == [4, 9]
+
+
+def test_soft_loss_from_the_last_layer_states_is_the_one_from_a_forward():
+    """dflash's soft term: the target's law from its cached last-layer states (what a feature store keeps)
+    equals the one from a forward, over the whole vocabulary and over a candidate subset; soft mixes linearly."""
+    from conftest import tiny_qwen3
+    from test_dflash import tiny_drafter_config
+
+    from treegen.models.dflash import DFlashDrafter
+    from treegen.train.dflash import dflash_loss, target_features
+
+    target = tiny_qwen3()
+    torch.manual_seed(1)
+    drafter = DFlashDrafter(tiny_drafter_config(target))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 95, (2, 32), generator=gen)
+    anchors = sample_anchors(2, 32, 4, drafter.config.block_size, gen)
+    layers, last = drafter.config.target_layer_ids, target.config.num_hidden_layers - 1
+    features, final = target_features(target, ids, layers), target_features(target, ids, (last,))
+    with torch.no_grad():
+        for candidates in (None, torch.tensor([2, 3, 5, 8, 13, 21, 34])):
+            hard = dflash_loss(drafter, target, ids, anchors, 4.0, features, candidates)[0]
+            forward = dflash_loss(drafter, target, ids, anchors, 4.0, None, candidates, soft=1.0)[0]
+            cached = dflash_loss(drafter, target, ids, anchors, 4.0, features, candidates, soft=1.0, final=final)[0]
+            half = dflash_loss(drafter, target, ids, anchors, 4.0, features, candidates, soft=0.5, final=final)[0]
+            torch.testing.assert_close(cached, forward, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(half, (hard + cached) / 2)
+            assert cached > 0
+
+
+def test_soft_weight_outside_zero_to_one_is_a_usage_error(tmp_path):
+    for command in ("dflash", "treeflash", "domino"):
+        args = [command, "--target", "demo", "--data", "x.txt", "--out", str(tmp_path / "o"), "--soft", "1.5"]
+        if command == "treeflash":
+            args += ["--drafter", "demo"]
+        result = CliRunner().invoke(train, args)
+        assert result.exit_code == 2 and "--soft" in result.output, result.output

@@ -65,7 +65,7 @@ def test_loss_starts_at_dflash_and_mixes_lambda(target, shift):
 def test_soft_mixes_the_kl_to_the_targets_own_law(target):
     """soft: (1 - soft) * hard CE + soft * KL(target || corrected) over the same positions; the KL term is the
     hard CE against the target's own row minus its entropy, checked here from the target's forward alone."""
-    from treegen.train.dflash import soft_mix, target_pass
+    from treegen.train.dflash import soft_mix, target_features, target_pass
 
     torch.manual_seed(3)
     backbone = DFlashDrafter(tiny_drafter_config(target))
@@ -78,11 +78,16 @@ def test_soft_mixes_the_kl_to_the_targets_own_law(target):
         full = domino_loss(backbone, head, target, ids, anchors, 4.0, 0.0, False, soft=1.0)[0]
         half = domino_loss(backbone, head, target, ids, anchors, 4.0, 0.0, False, soft=0.5)[0]
         torch.testing.assert_close(half, (hard + full) / 2)
+        last = target.config.num_hidden_layers - 1   # the same law from the cached last-layer states
+        features = target_features(target, ids, backbone.config.target_layer_ids)
+        cached = domino_loss(backbone, head, target, ids, anchors, 4.0, 0.0, False, features, soft=1.0,
+                             final=target_features(target, ids, (last,)))[0]
+        torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
         _, logits = target_pass(target, ids, backbone.config.target_layer_ids)
         rows = (anchors[..., None] + torch.arange(7)).flatten(1)                 # row anchor + k predicts label k
         own = logits.gather(1, rows[..., None].expand(-1, -1, 64)).view(2, 4, 7, 64)
         weights = torch.exp(-torch.arange(7).float() / 4.0)
-        zero = soft_mix(torch.tensor(0.0), own, logits, anchors, weights, 1.0)  # the target's own law: KL 0
+        zero = soft_mix(torch.tensor(0.0), own, own, weights, 1.0)  # the target's own law: KL 0
     torch.testing.assert_close(zero, torch.tensor(0.0), atol=1e-5, rtol=0)
     assert full > 0
 

@@ -104,6 +104,27 @@ def tf_dir(target, tmp_path_factory):
     return out
 
 
+def test_soft_head_loss_from_cached_last_layer_states_is_the_one_from_a_forward(target):
+    """The head's soft term (train/treeflash.py) reads the target's law from a feature store's last-layer
+    states, where it took a target forward before: the same loss, and soft mixes linearly."""
+    from treegen.train.dflash import sample_anchors, target_features
+    from treegen.train.treeflash import treeflash_loss
+
+    model = random_treeflash(target, 3)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 63, (2, 32), generator=gen)
+    anchors = sample_anchors(2, 32, 4, model.config.block_size, gen)
+    features = target_features(target, ids, model.model.config.target_layer_ids)
+    final = target_features(target, ids, (target.config.num_hidden_layers - 1,))
+    with torch.no_grad():
+        hard = treeflash_loss(model, target, ids, anchors, 4.0, 0.0, features)[0]
+        forward = treeflash_loss(model, target, ids, anchors, 4.0, 1.0, features)[0]
+        cached = treeflash_loss(model, target, ids, anchors, 4.0, 1.0, features, final)[0]
+        half = treeflash_loss(model, target, ids, anchors, 4.0, 0.5, features, final)[0]
+    torch.testing.assert_close(cached, forward, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(half, (hard + cached) / 2)
+
+
 def test_published_layout_and_round_trip(tf_dir, tmp_path):
     from safetensors import safe_open
 

@@ -160,25 +160,32 @@ def prompt_mix(total: int, seed: int) -> list[str]:
 
 
 def feature_layers(config) -> tuple[int, ...]:
-    """The target layers whose states are kept: z-lab's spread for 3- and for 5-layer drafters."""
+    """The target layers whose states are kept: z-lab's spread for 3- and for 5-layer drafters, and the last
+    layer (the target's own next-token law for a soft loss: features.final_layer)."""
     from ..models.dflash import default_target_layer_ids
 
     n = config.num_hidden_layers
-    return tuple(sorted(set(default_target_layer_ids(n, 3)) | set(default_target_layer_ids(n, 5))))
+    return tuple(sorted(set(default_target_layer_ids(n, 3)) | set(default_target_layer_ids(n, 5)) | {n - 1}))
 
 
 class LayerTap:
     """Forward hooks that keep the outputs of some decoder layers over a whole generate() call: the
-    drafter's training features come from the generation's own forwards, not from a second pass."""
+    drafter's training features come from the generation's own forwards, not from a second pass. Each is
+    kept as transformers' output_hidden_states gives it (features.target_features): the last layer's after
+    the final norm."""
 
     def __init__(self, target, layer_ids: tuple[int, ...]):
-        layers = target.get_decoder().layers
+        decoder = target.get_decoder()
+        last = len(decoder.layers) - 1
         self.outputs: list[list] = [[] for _ in layer_ids]
-        self.handles = [layers[i].register_forward_hook(self._keep(k)) for k, i in enumerate(layer_ids)]
+        self.handles = [decoder.layers[i].register_forward_hook(self._keep(k, decoder.norm if i == last else None))
+                        for k, i in enumerate(layer_ids)]
 
-    def _keep(self, k: int):
+    def _keep(self, k: int, norm):
         def hook(module, args, output):
             state = output[0] if isinstance(output, tuple) else output
+            if norm is not None:
+                state = norm(state)
             self.outputs[k].append(state.clamp(-65504, 65504).to(torch.float16))   # fp16's range, never inf
         return hook
 

@@ -116,6 +116,11 @@ def loop_options(lr: float = 1e-3):
     return wrap
 
 
+SOFT = click.option("--soft", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+                    help="Weight of the KL to the target's own next-token law, mixed with the hard labels' loss "
+                         "(from the feature cache's last-layer states when it keeps them, else a target forward).")
+
+
 @train.command("dflash")
 @click.option("--target", required=True, help="Target model: hub id or folder (frozen during training).")
 @click.option("--data", "data", multiple=True, required=True, help="Text file, folder or JSONL of {'text':..}.")
@@ -136,13 +141,14 @@ def loop_options(lr: float = 1e-3):
 @click.option("--regenerate", "regen", type=click.IntRange(min=0), default=0,
               help="Train on N target-regenerated sequences.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out text for the final acceptance estimate.")
+@SOFT
 @click.option("--heldout-windows", type=click.IntRange(min=0), default=0, show_default=True,
               help="Keep the data's last K windows out of training and print their loss at every checkpoint; "
                    "the drafter with the lowest so far is also written to OUT/best.")
 @guarded
 def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, init, candidates,
-               init_from_target, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, heldout_windows, resume,
-               feature_cache, seed, device, precision):
+               init_from_target, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, soft, heldout_windows,
+               resume, feature_cache, seed, device, precision):
     """Train a DFlash block-diffusion drafter for TARGET; writes z-lab's checkpoint layout to OUT.
 
     Ctrl-C or SIGTERM stops at the end of the current step, with a checkpoint that --resume continues."""
@@ -159,7 +165,7 @@ def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_
     cfg = DFlashTrainConfig(num_layers=layers, block_size=block_size, target_layer_ids=ids, batch=batch,
                             seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
                             max_seconds=_budget(minutes), seed=seed, init_from_target=init_from_target,
-                            candidates=candidates, heldout_windows=heldout_windows,
+                            candidates=candidates, soft=soft, heldout_windows=heldout_windows,
                             feature_cache=_folder(feature_cache), device=device, precision=precision)
     with stop_signals(), new_folder(out):
         train_dflash_pipeline(target, list(data), out, cfg, mask_token_id=mask_token_id, regen=regen,
@@ -230,7 +236,7 @@ def target_cmd(tok_dir, data, out, steps, minutes, resume, device, precision):
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), required=True,
               help="Output folder (published layout).")
 @loop_options(lr=1e-3)
-@click.option("--soft", default=0.0, show_default=True, help="Weight of KL to the target's own distribution.")
+@SOFT
 @click.option("--heldout", "heldout", multiple=True, help="Held-out stream (.pt) or text: acceptance vs ddtree.")
 @click.option("--prompts", default=8, show_default=True, help="Held-out prompts for the acceptance estimate.")
 @click.option("--budgets", default="16,32,64", show_default=True, help="Tree budgets of the held-out comparison.")
@@ -244,8 +250,6 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
     from .treeflash import TreeFlashTrainConfig
     from .treeflash_pipeline import train_treeflash_pipeline
 
-    if not 0 <= soft <= 1:
-        raise ValueError(f"--soft must be in [0, 1], got {soft}")
     try:
         budget_list = tuple(int(b) for b in budgets.split(","))
     except ValueError:
@@ -276,7 +280,7 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
 @click.option("--prefix-len", default=0, show_default=True, help="pure_draft_prefix_len: drafts left uncorrected.")
 @loop_options(lr=1e-3)
 @click.option("--decay", default=0.3, show_default=True, help="joint: lambda falls 1 -> 0 over this fraction.")
-@click.option("--soft", default=0.0, show_default=True, help="Weight of KL to the target's own distribution.")
+@SOFT
 @click.option("--heldout", "heldout", multiple=True, help="Held-out stream (.pt) or text for the final comparison.")
 @guarded
 def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_label, prefix_len, steps, minutes,
@@ -284,8 +288,6 @@ def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_l
     """Train Domino's GRU correction head on a DFlash drafter; writes Domino's published layout to OUT."""
     from .domino import DominoTrainConfig, train_domino_pipeline
 
-    if not 0 <= soft <= 1:
-        raise ValueError(f"--soft must be in [0, 1], got {soft}")
     cfg = DominoTrainConfig(recipe=recipe, emb_dim=emb_dim, gru_hidden_dim=gru_dim, shift_label=shift_label,
                             pure_draft_prefix_len=prefix_len, batch=batch, seq_len=seq_len, anchors=anchors, lr=lr,
                             max_steps=steps, max_seconds=_budget(minutes), decay=decay, soft=soft, seed=seed,

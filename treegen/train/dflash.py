@@ -32,6 +32,7 @@ class DFlashTrainConfig(LoopConfig):
     intermediate_size: int | None = None              # None: the target's
     init_from_target: bool = False                    # start each layer as a copy of one of the target's last
     candidates: int = 0                               # > 0: CE over the data's most frequent tokens + labels
+    soft: float = 0.0                                 # weight of KL(target || draft) against the hard labels
 
 
 def build_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig, seed: int = 0) -> DFlashDrafter:
@@ -61,16 +62,31 @@ def target_pass(target, ids: torch.Tensor, layer_ids):
     return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1), out.logits
 
 
-def soft_mix(loss: torch.Tensor, logits: torch.Tensor, target_logits: torch.Tensor, anchors: torch.Tensor,
-             weights: torch.Tensor, soft: float) -> torch.Tensor:
-    """(1 - soft) * the hard-label loss + soft * the position-weighted KL(target || draft), where draft k of
-    logits [b, n, D, V] predicts ids[anchor + 1 + k], as the target's row anchor + k does: a law calibrated
-    to the target's own (what acceptance at T > 0 rewards), not to one sampled continuation."""
-    b, n, depth, vocab = logits.shape
-    src = (anchors[..., None] + torch.arange(depth, device=anchors.device)).flatten(1).clamp(max=target_logits.shape[1] - 1)
-    p = target_logits.gather(1, src[..., None].expand(-1, -1, vocab)).float()
-    kl = F.kl_div(torch.log_softmax(logits.flatten(1, 2), -1), torch.log_softmax(p, -1),
-                  log_target=True, reduction="none").sum(-1).view(b, n, depth)
+def target_rows(target, anchors: torch.Tensor, depth: int, *, final: torch.Tensor | None = None,
+                logits: torch.Tensor | None = None, subset: torch.Tensor | None = None) -> torch.Tensor:
+    """The target's own next-token logits at rows anchor + k, k < depth: [b, n, depth, V] (or over `subset`'s
+    ids), where draft k predicts ids[anchor + 1 + k] as that row does. From the target's last-layer states
+    `final` [b, T, H] after its final norm (a feature store's: only these rows meet the lm_head) or from a
+    forward's `logits`."""
+    b, n = anchors.shape
+    source = final if final is not None else logits
+    src = (anchors[..., None] + torch.arange(depth, device=anchors.device)).flatten(1).clamp(max=source.shape[1] - 1)
+    rows = source.gather(1, src[..., None].expand(-1, -1, source.shape[-1])).view(b, n, depth, -1)
+    if final is not None:
+        head = target.get_output_embeddings()
+        weight = head.weight if subset is None else head.weight[subset]
+        with torch.no_grad():
+            return F.linear(rows.to(weight.dtype), weight).float()
+    return (rows if subset is None else rows[..., subset]).float()
+
+
+def soft_mix(loss: torch.Tensor, logits: torch.Tensor, p_logits: torch.Tensor, weights: torch.Tensor,
+             soft: float) -> torch.Tensor:
+    """(1 - soft) * the hard-label loss + soft * the position-weighted KL(target || draft) between the
+    draft's logits and the target's (target_rows) [b, n, D, V]: a law calibrated to the target's own (what
+    acceptance at T > 0 rewards), not to one sampled continuation."""
+    kl = F.kl_div(torch.log_softmax(logits, -1), torch.log_softmax(p_logits, -1), log_target=True,
+                  reduction="none").sum(-1)
     return (1 - soft) * loss + soft * (kl * weights).sum(-1).mean() / weights.sum()
 
 
@@ -127,14 +143,14 @@ def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tenso
 
 
 def candidate_logits(target, hidden: torch.Tensor, labels: torch.Tensor, candidates: torch.Tensor | None):
-    """(logits, labels) over the whole vocabulary, or (candidates given) over those token ids plus every label
-    of the batch, the labels renumbered into that subset: an lm_head of |subset| rows instead of V."""
+    """(logits, labels, subset) over the whole vocabulary (subset None), or (candidates given) over those token
+    ids plus every label of the batch, the labels renumbered into that subset: an lm_head of |subset| rows."""
     head = target.get_output_embeddings()
     if candidates is None:
-        return head(hidden).float(), labels
+        return head(hidden).float(), labels, None
     subset = torch.unique(torch.cat([candidates, labels.flatten()]))          # sorted
     logits = F.linear(hidden, head.weight[subset], None if head.bias is None else head.bias[subset]).float()
-    return logits, torch.searchsorted(subset, labels.contiguous())
+    return logits, torch.searchsorted(subset, labels.contiguous()), subset
 
 
 def frequent_tokens(stream: torch.Tensor, k: int) -> torch.Tensor:
@@ -154,12 +170,21 @@ def exporter(save, out_dir: Path, stream: torch.Tensor, target):
 
 
 def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float,
-                features: torch.Tensor | None = None, candidates: torch.Tensor | None = None):
-    """Position-weighted CE over every anchor's block (over `candidates` + the labels only, when given);
+                features: torch.Tensor | None = None, candidates: torch.Tensor | None = None, soft: float = 0.0,
+                final: torch.Tensor | None = None):
+    """Position-weighted CE over every anchor's block (over `candidates` + the labels only, when given), mixed
+    with the KL to the target's own law when soft > 0 (from its last-layer states `final`, else a forward);
     also returns top-1 accuracy per block position (within that subset)."""
+    target_logits = None
+    if soft and final is None:
+        features, target_logits = target_pass(target, ids, drafter.config.target_layer_ids)
     hidden, tokens = block_pass(drafter, target, ids, anchors, features=features)
-    logits, labels = candidate_logits(target, hidden[:, :, 1:], tokens[..., 1:], candidates)  # [b, n, B-1, V']
-    loss = weighted_ce(logits, labels, position_weights(labels.shape[-1], gamma, labels.device))
+    logits, labels, subset = candidate_logits(target, hidden[:, :, 1:], tokens[..., 1:], candidates)  # [b, n, B-1, V']
+    weights = position_weights(labels.shape[-1], gamma, labels.device)
+    loss = weighted_ce(logits, labels, weights)
+    if soft:
+        p = target_rows(target, anchors, labels.shape[-1], final=final, logits=target_logits, subset=subset)
+        loss = soft_mix(loss, logits, p, weights, soft)
     acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
     return loss, acc
 
@@ -240,7 +265,7 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
 
-    windows = training_windows(target, drafter.config, stream, cfg, log, rt)
+    windows = training_windows(target, drafter.config, stream, cfg, log, rt, final=cfg.soft > 0)
     candidates = frequent_tokens(stream, cfg.candidates).to(rt.device) if cfg.candidates else None
 
     def draw(g):
@@ -250,7 +275,7 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
 
     def loss(part):
         value, acc = dflash_loss(drafter, target, part["ids"], part["anchors"], gamma, features=windows.features(part),
-                                 candidates=candidates)
+                                 candidates=candidates, soft=cfg.soft, final=windows.final(part) if cfg.soft else None)
         return value, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=50)

@@ -28,6 +28,7 @@ from .dflash import (
     position_weights,
     sample_anchors,
     soft_mix,
+    target_rows,
     target_pass,
     weighted_ce,
 )
@@ -60,12 +61,13 @@ def new_head(backbone: DFlashDrafter, cfg: DominoTrainConfig) -> DominoHead:
 
 
 def domino_loss(backbone, head: DominoHead, target, ids, anchors, gamma: float, lam: float, train_backbone: bool,
-                features: torch.Tensor | None = None, soft: float = 0.0):
+                features: torch.Tensor | None = None, soft: float = 0.0, final: torch.Tensor | None = None):
     """(loss, top-1 accuracy of the corrected logits per draft position). soft: the corrected law's KL to
-    the target's own distribution, mixed in (the target's logits need its forward, cached features or not)."""
+    the target's own distribution, mixed in (from the cached last-layer states `final`, else a forward)."""
     hc, block = head.config, backbone.config.block_size
     drafts, first = hc.drafts(block), 0 if hc.shift_label else 1
-    if soft:
+    target_logits = None
+    if soft and final is None:
         features, target_logits = target_pass(target, ids, backbone.config.target_layer_ids)
     with torch.set_grad_enabled(train_backbone):
         hidden, tokens = block_pass(backbone, target, ids, anchors, extra_labels=int(hc.shift_label),
@@ -79,7 +81,8 @@ def domino_loss(backbone, head: DominoHead, target, ids, anchors, gamma: float, 
     weights = position_weights(drafts, gamma, ids.device)
     loss = weighted_ce(corrected, labels, weights)
     if soft:   # label k is ids[anchor + 1 + k], predicted by the target's row anchor + k
-        loss = soft_mix(loss, corrected, target_logits, anchors, weights, soft)
+        p = target_rows(target, anchors, drafts, final=final, logits=target_logits)
+        loss = soft_mix(loss, corrected, p, weights, soft)
     loss = (1 - lam) * loss
     if lam > 0:
         loss = loss + lam * weighted_ce(base, labels, weights)
@@ -114,7 +117,7 @@ def train_domino(target, backbone: DFlashDrafter, head: DominoHead, stream: torc
     gen = torch.Generator().manual_seed(cfg.seed)
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=cfg.warmup)
     clock = Clock(ckpt if resume else None)
-    windows = training_windows(target, backbone.config, stream, cfg, rt=rt)
+    windows = training_windows(target, backbone.config, stream, cfg, rt=rt, final=cfg.soft > 0)
 
     def draw(g):
         batch = windows.draw(g)
@@ -125,7 +128,7 @@ def train_domino(target, backbone: DFlashDrafter, head: DominoHead, stream: torc
     def loss(part):
         lam = max(0.0, 1 - sched.progress(*clock.tick()) / cfg.decay) if joint else 0.0
         value, acc = domino_loss(backbone, head, target, part["ids"], part["anchors"], gamma, lam, joint,
-                                 windows.features(part), cfg.soft)
+                                 windows.features(part), cfg.soft, windows.final(part) if cfg.soft else None)
         return value, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f} lambda {lam:.2f}"
 
     step, elapsed = fit(model, opt, sched, gen, ckpt, sharded(rt, draw, loss, cfg.batch * cfg.anchors * block),

@@ -111,15 +111,23 @@ def fill(store: FeatureStore, target, ids: torch.Tensor, seq_len: int, batch: in
             log(f"target features: {j}/{windows} windows ({rate:.0f} tokens/s)")
 
 
+def final_layer(target) -> int:
+    """The target's last decoder layer: its states, kept after the final norm as output_hidden_states gives
+    them, are the target's own next-token law through the lm_head alone (a soft loss without a forward)."""
+    return target.config.num_hidden_layers - 1
+
+
 class FeatureWindows:
-    """Random aligned windows of a stream with the target's features at `layer_ids`, from the store in
-    `folder` (made and filled first when it is missing, stale or lacks a layer)."""
+    """Random aligned windows of a stream with the target's features at `layer_ids` (and, given `final`, the
+    states of that layer apart), from the store in `folder` (made and filled first when it is missing, stale
+    or lacks a layer)."""
 
     def __init__(self, folder: Path, target, stream: torch.Tensor, seq_len: int, layer_ids, hidden: int, log=print,
-                 reserve: int = 0):
+                 reserve: int = 0, final: int | None = None):
         store = FeatureStore.open(folder, stream)
-        if store is None or store.columns(layer_ids) is None:
-            store = FeatureStore.create(folder, stream, layer_ids, hidden)
+        wanted = tuple(layer_ids) + (() if final is None or final in layer_ids else (final,))
+        if store is None or store.columns(wanted) is None:
+            store = FeatureStore.create(folder, stream, wanted, hidden)
         self.seq_len, self.windows = seq_len, len(stream) // seq_len - reserve   # the last `reserve`: held out
         if self.windows < 1:
             raise ValueError(f"the training data is {len(stream)} tokens: no {seq_len}-token window is left "
@@ -129,6 +137,7 @@ class FeatureWindows:
             log(f"computing the target's features of {total} tokens once into {folder}")
             fill(store, target, stream, seq_len, log=log)
         self.store, self.cols, self.stream = store, store.columns(layer_ids), stream
+        self.final_cols = None if final is None else store.columns((final,))
         self.allowed, self.reserve = store.anchors(), reserve
 
     def __call__(self, batch: int, gen: torch.Generator):
@@ -151,19 +160,26 @@ class FeatureWindows:
     def features(self, starts: list[int]) -> torch.Tensor:
         return torch.from_numpy(np.stack([self.store.data[s:s + self.seq_len][:, self.cols] for s in starts])).float()
 
+    def final(self, starts: list[int]) -> torch.Tensor | None:
+        """[b, T, H] the target's last-layer states (fp32), or None when they were not asked for."""
+        if self.final_cols is None:
+            return None
+        return torch.from_numpy(np.stack([self.store.data[s:s + self.seq_len][:, self.final_cols] for s in starts])).float()
+
     def anchors(self, starts: list[int]) -> torch.Tensor | None:
         if self.allowed is None:
             return None
         return torch.from_numpy(np.stack([self.allowed[s:s + self.seq_len] for s in starts]))
 
 
-def training_windows(target, drafter_config, stream: torch.Tensor, cfg, log=print, rt=None):
+def training_windows(target, drafter_config, stream: torch.Tensor, cfg, log=print, rt=None, final: bool = False):
     """gen -> (ids [b, T], features [b, T, k*H] or None, anchor preference [b, T] or None) for every trainer:
     random windows of the stream, with the target's features at the drafter's layers from cfg.feature_cache
     when it names a folder (None: the loss runs the target on every batch). The stream's last
     cfg.heldout_windows windows are never trained on; `.heldout()` gives them in the same form.
     Split for data parallelism: draw(gen) -> the global batch's {"ids", "starts", "allowed"}, and
-    features(part) -> the features of a rank's share of it only (None without a cache).
+    features(part) -> the features of a rank's share of it only (None without a cache); final(part) the
+    target's last-layer states of that share when `final` (a soft loss without a forward; None without a cache).
     Under torchrun (rt) the main rank fills a missing store while the others wait, then all read it."""
     reserve = cfg.heldout_windows
     if cfg.feature_cache is None:
@@ -171,7 +187,8 @@ def training_windows(target, drafter_config, stream: torch.Tensor, cfg, log=prin
 
     def open_store():
         return FeatureWindows(Path(cfg.feature_cache), target, stream, cfg.seq_len, drafter_config.target_layer_ids,
-                              drafter_config.hidden_size, log, reserve=reserve)
+                              drafter_config.hidden_size, log, reserve=reserve,
+                              final=final_layer(target) if final else None)
     if rt is None or rt.world == 1:
         return FeatureSampler(open_store(), cfg.batch)
     windows = open_store() if rt.main else None
@@ -198,6 +215,9 @@ class StreamWindows:
     def features(self, part: dict) -> None:
         return None
 
+    def final(self, part: dict) -> None:
+        return None
+
     def heldout(self):
         return self.kept, None, None
 
@@ -220,6 +240,11 @@ class FeatureSampler:
     def features(self, part: dict) -> torch.Tensor:
         """The features of a rank's share (part["starts"]), on the device of its ids."""
         return self.windows.features(part["starts"].tolist()).to(part["ids"].device)
+
+    def final(self, part: dict) -> torch.Tensor | None:
+        """The target's last-layer states of a rank's share, or None when not kept."""
+        got = self.windows.final(part["starts"].tolist())
+        return None if got is None else got.to(part["ids"].device)
 
     def heldout(self):
         return self.windows.heldout()

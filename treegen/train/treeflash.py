@@ -23,6 +23,7 @@ from .dflash import (
     position_weights,
     sample_anchors,
     soft_mix,
+    target_rows,
     target_pass,
     weighted_ce,
 )
@@ -36,11 +37,13 @@ class TreeFlashTrainConfig(LoopConfig):
 
 
 def treeflash_loss(model: TreeFlashModel, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float,
-                   soft: float = 0.0, features: torch.Tensor | None = None):
+                   soft: float = 0.0, features: torch.Tensor | None = None, final: torch.Tensor | None = None):
     """Position-weighted CE of the head's conditional at block positions 1..B-1, previous token teacher-forced.
-    features: the target's cached context features (a soft target needs its logits: a forward all the same)."""
+    features: the target's cached context features; final: its cached last-layer states (a soft target
+    without them needs the target's logits: a forward all the same)."""
     backbone = model.model
-    if features is None or soft:
+    target_logits = None
+    if features is None or (soft and final is None):
         features, target_logits = target_pass(target, ids, backbone.config.target_layer_ids)
     with torch.no_grad():  # the backbone is frozen: only the head learns
         hidden, tokens = block_pass(backbone, target, ids, anchors, normed=False, features=features)
@@ -50,7 +53,8 @@ def treeflash_loss(model: TreeFlashModel, target, ids: torch.Tensor, anchors: to
     loss = weighted_ce(logits, tokens[..., 1:], weights)
     acc = (logits.argmax(-1) == tokens[..., 1:]).float().flatten(0, -2).mean(dim=0)
     if soft:   # the row of x_{a+k-1} predicts x_{a+k}
-        loss = soft_mix(loss, logits, target_logits, anchors, weights, soft)
+        p = target_rows(target, anchors, logits.shape[2], final=final, logits=target_logits)
+        loss = soft_mix(loss, logits, p, weights, soft)
     return loss, acc
 
 
@@ -70,7 +74,7 @@ def train_treeflash(target, model: TreeFlashModel, stream: torch.Tensor, out_dir
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)
 
-    windows = training_windows(target, model.model.config, stream, cfg, rt=rt)
+    windows = training_windows(target, model.model.config, stream, cfg, rt=rt, final=cfg.soft > 0)
 
     def draw(g):
         batch = windows.draw(g)
@@ -79,7 +83,7 @@ def train_treeflash(target, model: TreeFlashModel, stream: torch.Tensor, out_dir
 
     def loss(part):
         value, acc = treeflash_loss(model, target, part["ids"], part["anchors"], gamma, cfg.soft,
-                                    windows.features(part))
+                                    windows.features(part), windows.final(part) if cfg.soft else None)
         return value, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=25)
