@@ -100,3 +100,16 @@ def test_the_tuner_copies_no_weight_that_would_not_fit(monkeypatch):
     assert not matmul.applies(weight)                       # 4 timing copies > a quarter of free memory
     row = matmul.RowMatmul(weight)
     assert (row.form, row.chunk, row.pieces) == ("linear", 1, 1)   # F.linear, row by row: no copy, still exact
+
+
+def test_notices_raised_while_a_reply_streams_wait_for_its_end(capsys):
+    """A first run's measurement notice, raised mid-reply, prints after the reply on its own line (chat and
+    complete stream inside held_notices), not between two of its words."""
+    with disk.held_notices():
+        disk.notice("treegen: a notice")
+        with disk.held_notices():   # nested: held until the outermost ends
+            disk.notice("treegen: another")
+        assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == "treegen: a notice\ntreegen: another\n"
+    disk.notice("treegen: now")
+    assert capsys.readouterr().err == "treegen: now\n"

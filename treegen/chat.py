@@ -11,6 +11,7 @@ from collections import Counter
 from contextlib import closing
 from dataclasses import dataclass, field, fields, replace
 
+from .engine.disk import held_notices
 from .engine.prefix import PrefixCache
 from .ui import is_terminal, make_view, quiet_keys, summary
 
@@ -347,18 +348,19 @@ class ChatREPL:
         chunks = self.gen.stream(ids, stop=self.format.stop, prefix=self.prefix, **self.reply_sampling())
         view = make_view(self.stdout, live=self.live, end="\n", color=self.color)
         parts, stats, stopped = [], None, False
-        try:
-            with quiet_keys(self.stdin if self.live else None), closing(chunks):
-                for chunk in chunks:
-                    parts.append(chunk.text)
-                    view.update(chunk)
-                    stats = chunk.stats
-        except KeyboardInterrupt:
-            stopped = True
-            if stats is not None:
-                stats.finish = "interrupted"
-        finally:
-            view.close()
+        with held_notices():   # a measurement's notice waits for the reply's end instead of splitting it
+            try:
+                with quiet_keys(self.stdin if self.live else None), closing(chunks):
+                    for chunk in chunks:
+                        parts.append(chunk.text)
+                        view.update(chunk)
+                        stats = chunk.stats
+            except KeyboardInterrupt:
+                stopped = True
+                if stats is not None:
+                    stats.finish = "interrupted"
+            finally:
+                view.close()
         self.record(stats, len(ids))
         return parts, stopped, None if stats is None else stats.finish
 

@@ -236,19 +236,22 @@ def complete(file, inline, stats_json, **kw):
 
 def show_stream(view, chunks) -> tuple[Transcript, str | None]:
     """Stream into the view; (what came, None or why it stopped early: "pipe" or "interrupted")."""
+    from .engine.disk import held_notices
+
     out = Transcript()
-    try:
-        with closing(chunks):
-            for chunk in chunks:
-                out.add(chunk)
-                view.update(chunk)
-        view.close()
-    except BrokenPipeError:  # the reader is gone (`| head`): stop quietly
-        silence_stdout()
-        return out, "pipe"
-    except KeyboardInterrupt:
-        view.close()
-        return out, "interrupted"
+    with held_notices():   # a measurement's notice waits for the text's end instead of splitting it
+        try:
+            with closing(chunks):
+                for chunk in chunks:
+                    out.add(chunk)
+                    view.update(chunk)
+            view.close()
+        except BrokenPipeError:  # the reader is gone (`| head`): stop quietly
+            silence_stdout()
+            return out, "pipe"
+        except KeyboardInterrupt:
+            view.close()
+            return out, "interrupted"
     return out, None
 
 

@@ -103,12 +103,35 @@ def keep_if_quiet(watch: LoadWatch, path: Path, key: str, value, what: str) -> N
         return
     if what not in _told and not silent:
         _told.add(what)
-        print(f"treegen: other processes used {watch.share:.0%} of the CPU while measuring {what}; "
-              "this run uses it, but it is not kept (it is measured again next time)", file=sys.stderr)
+        notice(f"treegen: other processes used {watch.share:.0%} of the CPU while measuring {what}; "
+               "this run uses it, but it is not kept (it is measured again next time)")
 
 
 _told: set[str] = set()
 silent = False   # the caller asked for no notices (treegen --quiet)
+_held: list[str] | None = None   # inside held_notices(): notices wait for its end
+
+
+def notice(text: str) -> None:
+    """A line on stderr, or held until a streaming reply ends (held_notices) so it never splits the reply."""
+    if _held is not None:
+        _held.append(text)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def held_notices():
+    """The notices raised inside (a first run's measurements, a busy machine's) print after it, each on its
+    own line: a reply streamed to the same terminal stays whole."""
+    global _held
+    outer, _held = _held, []
+    try:
+        yield
+    finally:
+        held, _held = _held, outer
+        for text in held:
+            notice(text)
 
 
 def busy_cores(seconds: float = 0.2) -> float:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernels
-from .disk import LoadWatch, cache_root, keep_if_quiet, read_table
+from .disk import LoadWatch, cache_root, keep_if_quiet, notice, read_table
 
 FORMS = ("linear", "packed", "t", "swapped", "compiled")
 ROWS = (1, 2, 4, 8, 16, 32, 64)     # measured row counts; a count uses the form of the next measured one up
@@ -334,7 +334,7 @@ def say(text: str) -> None:
     import sys
 
     if sys.stderr.isatty() or os.environ.get("TREEGEN_VERBOSE"):
-        print(f"treegen: {text}", file=sys.stderr, flush=True)
+        notice(f"treegen: {text}")
 
 
 _per_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> weight ids -> RowMatmul
