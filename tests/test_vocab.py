@@ -101,3 +101,65 @@ def test_a_head_that_is_not_a_plain_linear_scores_every_token(pair):
     drafter.block.lm_head = odd
     drafter.restrict_vocab(torch.arange(10, 30))
     assert drafter.block.vocab is None and drafter.block.lm_head is odd
+
+
+@pytest.mark.parametrize("method", ["dflash", "ddtree", "d2sd"])
+def test_trees_built_over_the_heads_columns_are_the_whole_vocabularys_trees(pair, method, monkeypatch):
+    """The fast path ranks the kept tokens' columns and maps the winners back; the reference widens every
+    marginal to the whole vocabulary (-inf outside) first. Same trees, round by round, up to paths whose
+    scores tie (the two softmaxes round their normalisers apart: what ties in one may not in the other, and
+    a tie between two tokens breaks towards the lower id in one, the earlier column in the other). A head
+    scaled up so that the drafts are not all ties."""
+    from treegen.drafters.dflash import DFlashBlock
+    from treegen.drafters.vocab import Scores
+
+    _, folder = pair
+    target = tiny_qwen3(vocab=64, seed=2)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(40)
+    prompt = torch.tensor([40, 41, 42, 12, 13, 14, 40, 41])
+
+    def trees() -> list:
+        drafter, out = build_drafter(method, target, str(folder)), []
+        propose = drafter.propose
+        drafter.propose = lambda state: out.append(propose(state)) or out[-1]
+        list(generate(target, drafter, prompt, GenerationConfig(24)))
+        return out
+
+    fast = trees()
+    columns = DFlashBlock.scores
+    monkeypatch.setattr(DFlashBlock, "scores", lambda self, states: Scores(
+        (s := columns(self, states)).widen(s.logits)))
+    wide = trees()
+    assert len(fast) == len(wide) > 3
+    for a, b in zip(fast, wide):
+        if not len(a):
+            assert not len(b)
+            continue
+        pa, pb = scored_paths(a), scored_paths(b)
+        assert len(pa) == len(pb)
+        for path in pa.keys() & pb.keys():
+            assert abs(pa[path] - pb[path]) < 1e-4
+        only_a, only_b = (sorted(p[k] for k in p.keys() - q.keys()) for p, q in ((pa, pb), (pb, pa)))
+        assert len(only_a) < len(pa) // 2 + 1 and all(abs(x - y) < 1e-4 for x, y in zip(only_a, only_b))
+    assert any(len(t) > 1 for t in fast)
+
+
+def scored_paths(tree) -> dict[tuple[int, ...], float]:
+    """Each node's root path (its tokens) -> its score."""
+    paths: list[tuple[int, ...]] = []
+    for token, parent in zip(tree.tokens.tolist(), tree.parents.tolist()):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    return dict(zip(paths, tree.scores.tolist()))
+
+
+def test_the_heads_columns_name_their_tokens():
+    torch.manual_seed(0)
+    full = torch.nn.Linear(16, 40, bias=False)
+    head = DraftHead(full, torch.tensor([3, 7, 1]))
+    head.admit([39, 3, 20])
+    x = torch.randn(4, 16)
+    scores = head.scores(x)
+    assert scores.ids.tolist() == [3, 7, 1, 20, 39] and scores.vocab_size == 40
+    torch.testing.assert_close(scores.logits, full(x)[:, scores.ids])
+    assert scores.tokens(torch.tensor([0, 4])).tolist() == [3, 39]

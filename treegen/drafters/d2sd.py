@@ -97,11 +97,14 @@ class D2SDDrafter(BuildClock):
             self.first.hidden(anchor)
             self.vp.run(state.tokens[-1:].view(1, 1))
             return DraftTree.empty(state.tokens.device)
-        marginal = self.first.marginal_logits(anchor, self.first.block_size - 1)
-        probs = torch.softmax(marginal, dim=-1)
-        conf, draft = probs.max(dim=-1)                                        # [B-1]
+        marginal = self.first.marginal(anchor, self.first.block_size - 1)   # over the head's columns
+        probs = torch.softmax(marginal.logits, dim=-1)
+        column = marginal.logits.argmax(dim=-1)   # from the logits: no tie that a softmax's rounding makes
+        conf = probs.gather(-1, column[:, None])[:, 0]                         # [B-1]
+        draft = marginal.tokens(column)
         if self.branch == "token":
             points, alts, alt_probs = alternative_points(probs, conf, self.k)
+            alts = marginal.tokens(alts)
         else:
             points = rejection_points(conf, self.k)
             alts, alt_probs = torch.full_like(points, -1), torch.ones_like(points, dtype=conf.dtype)
@@ -117,7 +120,8 @@ class D2SDDrafter(BuildClock):
             with self.building(tokens.device):
                 return keep_best(merge_paths(tokens, lengths, scores), self.budget)
         # drawn first; the branches catch the residual draws
-        spine = marginal_spine(marginal, state, self.draws, self.budget or None, self.draw_shape)
+        spine = marginal_spine(marginal.widen(marginal.logits), state, self.draws, self.budget or None,
+                               self.draw_shape)
         with self.building(tokens.device):
             budget = max(self.budget - len(spine), 1) if self.budget else 0
             return with_spine(spine, keep_best(merge_paths(tokens, lengths, scores), budget))
@@ -136,12 +140,15 @@ class D2SDDrafter(BuildClock):
         mask_id = self.vp.model.config.mask_token_id
         body = torch.where(alt, alts[:, None], torch.where(seen, first, mask_id))
         ids = torch.cat([torch.full_like(body[:, :1], anchor), body], dim=1)    # [P, B2]
-        logits = self.vp.lm_head(self.vp.run(ids)[:, 1:]).float()              # [P, B2-1, V]
+        vp = self.vp.scores(self.vp.run(ids)[:, 1:])                          # [P, B2-1, n columns]
+        logits = vp.logits
         if self.skip_rejected and self.branch == "point":  # branch i presumes d_{i+1} rejected: not again
             at = (pos == points[:, None]) & (points < draft.numel())[:, None]
-            idx = first.expand(len(points), -1)[..., None]
-            logits = logits.scatter(-1, idx, torch.where(at[..., None], -torch.inf, logits.gather(-1, idx)))
-        vp_conf, vp_tok = torch.softmax(logits, dim=-1).max(dim=-1)
+            column_ids = vp.tokens(torch.arange(logits.shape[-1], device=device))
+            logits = logits.masked_fill(at[..., None] & (column_ids == first[..., None]), -torch.inf)
+        vp_col = logits.argmax(dim=-1)
+        vp_conf = torch.softmax(logits, dim=-1).gather(-1, vp_col[..., None])[..., 0]
+        vp_tok = vp.tokens(vp_col)
         tokens = torch.where(alt, alts[:, None], torch.where(seen, first, vp_tok))
         first_conf = torch.nn.functional.pad(conf, (0, pad), value=1.0)[None]
         probs = torch.where(alt, alt_probs[:, None].to(vp_conf.dtype), torch.where(seen, first_conf, vp_conf))

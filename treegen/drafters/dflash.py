@@ -2,6 +2,8 @@
 position's marginal). DFlashBlock is the one-pass runner that the tree methods share."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..engine.drafter import BuildClock
@@ -12,7 +14,7 @@ from ..models.checkpoint import check_fits, load_dflash
 from ..models.dflash import ContextKV, DFlashDrafter
 from .base import DraftState, Drawing, sampled_chain
 from .precision import embedding_on, head_on, plain_head
-from .vocab import DraftHead
+from .vocab import DraftHead, Scores
 
 
 class DFlashBlock:
@@ -97,9 +99,21 @@ class DFlashBlock:
         self.pending = None
         return out.view(n, length, -1)
 
+    def scores(self, states: torch.Tensor) -> Scores:
+        """The head's fp32 logits of [..., H] states: over the kept tokens with a restricted vocabulary."""
+        if self.vocab is None:
+            return Scores(self.lm_head(states).float())
+        scores = self.vocab.scores(states)
+        return Scores(scores.logits.float(), scores.ids, scores.vocab_size)
+
+    def marginal(self, anchor: int, depth: int) -> Scores:
+        """Scores of block positions 1..depth, each conditioned on the context only."""
+        return self.scores(self.hidden(anchor)[1:1 + depth])
+
     def marginal_logits(self, anchor: int, depth: int) -> torch.Tensor:
-        """[depth, V] logits of block positions 1..depth, each conditioned on the context only."""
-        return self.lm_head(self.hidden(anchor)[1:1 + depth]).float()
+        """[depth, V] logits of the marginal, -inf for the tokens the head does not score."""
+        scores = self.marginal(anchor, depth)
+        return scores.widen(scores.logits)
 
 
 class BlockDrafter(BuildClock):
@@ -150,13 +164,19 @@ class BlockDrafter(BuildClock):
         return self.draft(int(state.tokens[-1]), depth)
 
     def draft(self, anchor: int, depth: int) -> DraftTree:
-        """The tree from this round's one drafter pass; by default, from the marginals alone."""
-        logp = torch.log_softmax(self.block.marginal_logits(anchor, depth), dim=-1)
+        """The tree from this round's one drafter pass; by default, from the marginals alone. A deterministic
+        tree is built over the head's columns and its tokens mapped back; drawn drafts need whole-vocabulary
+        laws (verification divides by them)."""
+        scores = self.block.marginal(anchor, depth)
+        logp = torch.log_softmax(scores.logits, dim=-1)
         with self.building(logp.device):
-            return self.tree(logp)
+            if self.law is not None:
+                return self.tree(scores.widen(logp))
+            tree = self.tree(logp)
+            return dataclasses.replace(tree, tokens=scores.tokens(tree.tokens))
 
     def tree(self, logp: torch.Tensor) -> DraftTree:
-        """[depth, V] marginal log-probs -> the draft tree."""
+        """[depth, n] marginal log-probs (column j: a token) -> the draft tree over columns."""
         raise NotImplementedError
 
 

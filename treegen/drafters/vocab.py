@@ -10,10 +10,13 @@ drafted, never what is generated (T=0 output is the target's greedy output; at T
 the law the draft was drawn from)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from ..engine.matmul import Matmul
 
 VOCAB_FILE = "draft_vocab.safetensors"
 DRAFT_VOCAB = 8192   # frequent tokens written with a trained drafter
@@ -41,11 +44,34 @@ def load_vocab(folder: str | Path | None) -> torch.Tensor | None:
     return load_file(str(Path(folder) / VOCAB_FILE))["ids"].long()
 
 
+@dataclass(frozen=True)
+class Scores:
+    """A head's logits over some of the vocabulary: column j scores token ids[j] (ids None: the whole vocabulary,
+    column j token j). Drafters that only rank tokens work on the columns and map the winners back: a softmax
+    or top-k over 8,192 columns instead of a 49,152-wide row that is mostly -inf."""
+    logits: torch.Tensor             # [..., n]
+    ids: torch.Tensor | None = None  # [n] long
+    vocab_size: int = 0
+
+    def tokens(self, columns: torch.Tensor) -> torch.Tensor:
+        return columns if self.ids is None else self.ids[columns]
+
+    def widen(self, values: torch.Tensor) -> torch.Tensor:
+        """[..., n] values of the columns -> [..., V], -inf for the tokens the head does not score (the laws
+        that drawn drafts come from are verified over the whole vocabulary)."""
+        if self.ids is None:
+            return values
+        out = values.new_full((*values.shape[:-1], self.vocab_size), float("-inf"))
+        out[..., self.ids] = values
+        return out
+
+
 class DraftHead(torch.nn.Module):
-    """The drafter's lm_head over a subset of the vocabulary: `head(x)` -> [..., V] logits, -inf outside.
-    The frequent tokens' rows are one product (copied once); the context's other tokens, a few hundred at
-    most, a second small one, remade when `admit` brings new ones. `weight` is the whole head's (drafters
-    that gather rows of it read any token)."""
+    """The drafter's lm_head over a subset of the vocabulary: `scores(x)` -> Scores over the kept tokens,
+    `head(x)` -> [..., V] logits, -inf outside. The frequent tokens' rows are one product (copied once, in
+    the layout engine/matmul.py measures fastest here); the context's other tokens, a few hundred at most, a
+    second small one, remade when `admit` brings new ones. `weight` is the whole head's (drafters that
+    gather rows of it read any token)."""
 
     def __init__(self, lm_head, frequent: torch.Tensor):
         super().__init__()
@@ -55,9 +81,11 @@ class DraftHead(torch.nn.Module):
         self.frequent = frequent.to(weight.device)
         self.kept[self.frequent] = True
         self.frequent_rows = weight.index_select(0, self.frequent)
+        self.product = Matmul(self.frequent_rows)
         self.base = self.kept.clone()
         self.extra = self.frequent.new_zeros(0)
         self.extra_rows = weight.new_zeros(0, weight.shape[1])
+        self.ids = self.frequent   # the columns of scores(): the frequent tokens, then the context's others
 
     @property
     def weight(self) -> torch.Tensor:
@@ -68,6 +96,7 @@ class DraftHead(torch.nn.Module):
         self.kept.copy_(self.base)
         self.extra = self.frequent.new_zeros(0)
         self.extra_rows = self.extra_rows[:0]
+        self.ids = self.frequent
 
     def admit(self, tokens: torch.Tensor) -> None:
         """Make the context's tokens (ids [n] or a list) draftable."""
@@ -77,14 +106,18 @@ class DraftHead(torch.nn.Module):
             self.kept[new] = True
             self.extra = torch.cat([self.extra, new])
             self.extra_rows = torch.cat([self.extra_rows, self.full.weight.detach().index_select(0, new)])
+            self.ids = torch.cat([self.frequent, self.extra])
 
     def penalty(self, ids: torch.Tensor) -> torch.Tensor:
         """0 for the ids it scores, -inf for the others: for drafters that score gathered rows of `weight`."""
         return torch.where(self.kept[ids], 0.0, float("-inf"))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = x.new_full((*x.shape[:-1], self.kept.shape[0]), float("-inf"))
-        out[..., self.frequent] = F.linear(x, self.frequent_rows)
+    def scores(self, x: torch.Tensor) -> Scores:
+        logits = self.product(x)
         if len(self.extra):
-            out[..., self.extra] = F.linear(x, self.extra_rows)
-        return out
+            logits = torch.cat([logits, F.linear(x, self.extra_rows)], dim=-1)
+        return Scores(logits, self.ids, self.kept.shape[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.scores(x)
+        return scores.widen(scores.logits)
