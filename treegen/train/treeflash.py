@@ -23,8 +23,8 @@ from .dflash import (
     position_weights,
     sample_anchors,
     soft_mix,
-    target_rows,
     target_pass,
+    target_rows,
     weighted_ce,
 )
 from .features import training_windows
