@@ -44,6 +44,23 @@ def test_choice_follows_the_hardware():
     assert 0 < mid.choose(scores) < 64
 
 
+def test_the_rounds_other_work_counts_in_the_choice():
+    """A round's seconds besides drafting and the forward (trim, walk, commit) make each node's share of the
+    round smaller: with more of it, the choice keeps more nodes. round_done learns it from each round."""
+    scores = torch.log(torch.linspace(0.5, 0.001, 32))
+    cost = B.VerifyCost((1, 33), (0.010, 0.026))
+    lean, busy = B.AutoBudget(cost), B.AutoBudget(cost)
+    busy.overhead = 0.010
+    assert lean.choose(scores) < busy.choose(scores)
+    tree = DraftTree(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, 0, -1, 2]),
+                     scores=torch.tensor([-0.1, -0.2, -0.3, -0.4]))
+    auto = B.AutoBudget(cost)
+    for _ in range(30):
+        kept = len(auto.trim(tree, t_draft=0.002))
+        auto.round_done(2, 0.002 + float(cost(torch.tensor([kept + 1]))[0]) + 0.004, drafted=True)
+    assert auto.overhead == pytest.approx(0.004, rel=0.05)
+
+
 def test_calibration_learns_from_rounds():
     model = B.AcceptanceModel()
     scores = torch.tensor([-0.1, -0.1, -3.0])

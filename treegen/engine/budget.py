@@ -1,8 +1,8 @@
 """`budget: auto`: each round, verify the tree size that maximises expected tokens per second here.
 
     expected tokens(n) = 1 + sum of the acceptance probabilities of the n best nodes (path-score order)
-    seconds(n)         = drafting time (running mean) + the target's forward time for n + 1 rows (as the
-                         engine runs it: engine/target.py)
+    seconds(n)         = drafting time + the round's other work (running means) + the target's forward
+                         time for n + 1 rows (as the engine runs it: engine/target.py)
 The forward time per row count is measured once per model, dtype, device and thread count (VerifyCost) and
 cached on disk; a node's acceptance probability (its whole path accepted) is calibrated online from this
 generation's own rounds, with exp(path log-prob) as the prior, i.e. a perfectly calibrated drafter.
@@ -30,7 +30,7 @@ MAX_REST = 16                         # most rounds of plain decoding before dra
 REST_MARGIN = 0.9                     # rest only when drafting rounds run below this share of plain speed
 REST_WINDOW = 0.2                     # weight of the latest drafting round in the running rate
 REST_AFTER = 4                        # drafting rounds seen before the running rate is trusted
-CAP_WINDOW, CAP_FLOOR = 8, 32         # cap(): rounds it looks back over, the least it asks for
+CAP_WINDOW, CAP_FLOOR = 8, 8          # cap(): rounds it looks back over, the least it asks for
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,13 @@ class VerifyCost:
     rows: tuple[int, ...]
     seconds: tuple[float, ...]
 
+    def __post_init__(self):   # the table as tensors once: the trim reads it every round
+        object.__setattr__(self, "xs", torch.tensor(self.rows, dtype=torch.float))
+        object.__setattr__(self, "ys", torch.tensor(self.seconds, dtype=torch.float))
+
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         """Piecewise-linear in the row count; linear extrapolation past the last measurement."""
-        xs, ys = torch.tensor(self.rows, dtype=torch.float), torch.tensor(self.seconds, dtype=torch.float)
+        xs, ys = self.xs, self.ys
         rows = rows.float().clamp(min=xs[0])
         i = torch.searchsorted(xs, rows).clamp(1, len(xs) - 1)
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
@@ -159,6 +163,8 @@ class AutoBudget:
         self.cost, self.model, self.rests = cost, AcceptanceModel(), rests
         self.depths = DrawnDepths()   # drawn nodes' acceptance by depth (trim_drawn)
         self.t_draft: float | None = None
+        self.overhead = 0.0           # a round's seconds besides drafting and the forward (trim, walk, commit)
+        self.verified: int | None = None   # nodes the last trim kept
         self.rest, self.backoff = 0, 1
         self.catching_up = False   # the round after a rest folds the skipped context: not a typical pass
         self.tokens = self.seconds = 0.0   # running means over drafting rounds
@@ -170,7 +176,7 @@ class AutoBudget:
         """How many of the nodes (scores sorted best first) to verify, beside `rows` nodes kept already that
         bring `expected` tokens a round (the bonus token included)."""
         gains = expected + torch.cat([torch.zeros(1), self.model.probability(scores).cumsum(0)])
-        seconds = (self.t_draft or 0.0) + self.cost(rows + torch.arange(len(scores) + 1) + 1)
+        seconds = (self.t_draft or 0.0) + self.overhead + self.cost(rows + torch.arange(len(scores) + 1) + 1)
         return int((gains / seconds).argmax())
 
     def cap(self) -> int | None:
@@ -187,6 +193,10 @@ class AutoBudget:
         time it stays below, back to 1 once drafting pays)."""
         if not drafted:   # a resting round: the next drafting round is the catch-up
             return
+        if self.verified is not None and not self.catching_up:   # the rest of the round: what no size changes
+            other = seconds - (self.t_draft or 0.0) - float(self.cost(torch.tensor([self.verified + 1]))[0])
+            self.overhead = max(0.0, self.overhead + 0.2 * (other - self.overhead))
+        self.verified = None
         if self.catching_up:
             self.catching_up = False
             return
@@ -224,6 +234,7 @@ class AutoBudget:
         keep = torch.zeros(len(tree), dtype=torch.bool)
         size = self.choose(scores)
         self.chosen.append(size)
+        self.verified = size
         keep[order[:size]] = True
         return tree.select(keep.to(tree.tokens.device))
 
@@ -245,6 +256,7 @@ class AutoBudget:
         det = ((~drawn) & (under <= length)).nonzero().flatten()
         scores, order = torch.sort(tree.scores.float().cpu()[det], descending=True, stable=True)
         keep[det[order[:self.choose(scores, float(expected[length]), int(keep.sum()))]]] = True
+        self.verified = int(keep.sum())
         return tree.select(keep.to(tree.tokens.device))
 
     def observe(self, tree: DraftTree, path: list[int]) -> None:
