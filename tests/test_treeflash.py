@@ -236,7 +236,7 @@ def test_linked_chain_draws_from_the_law_it_reports():
         parts = drafter.parts(hidden)
         for t in (1.0, 0.6):
             drafter.law = DraftState(torch.tensor([5]), 8, Sampler(temperature=t), g)
-            counts, q = torch.zeros(parts[0].shape[-1], dtype=torch.float64), None
+            counts, q = torch.zeros(parts[0].logits.shape[-1], dtype=torch.float64), None
             for _ in range(2000):
                 tree = drafter.drawn_chain(hidden, 5, parts)
                 counts[tree.tokens[0]] += 1

@@ -103,8 +103,8 @@ def test_a_head_that_is_not_a_plain_linear_scores_every_token(pair):
     assert drafter.block.vocab is None and drafter.block.lm_head is odd
 
 
-@pytest.mark.parametrize("method", ["dflash", "ddtree", "d2sd"])
-def test_trees_built_over_the_heads_columns_are_the_whole_vocabularys_trees(pair, method, monkeypatch):
+@pytest.mark.parametrize("method", ["dflash", "ddtree", "d2sd", "treeflash"])
+def test_trees_built_over_the_heads_columns_are_the_whole_vocabularys_trees(pair, method, monkeypatch, tmp_path):
     """The fast path ranks the kept tokens' columns and maps the winners back; the reference widens every
     marginal to the whole vocabulary (-inf outside) first. Same trees, round by round, up to paths whose
     scores tie (the two softmaxes round their normalisers apart: what ties in one may not in the other, and
@@ -114,13 +114,28 @@ def test_trees_built_over_the_heads_columns_are_the_whole_vocabularys_trees(pair
     from treegen.drafters.vocab import Scores
 
     _, folder = pair
+    if method == "treeflash":   # the DFlash backbone and a head with random weights (a zero head is ddtree)
+        from treegen.models.checkpoint import load_dflash
+        from treegen.models.treeflash import from_dflash, save_treeflash
+
+        torch.manual_seed(3)
+        model = from_dflash(load_dflash(str(folder)))
+        with torch.no_grad():
+            for p in model.ar_approximation.parameters():
+                p.normal_(0, 0.5)
+        save_treeflash(model, tmp_path)
+        shutil.copy(folder / VOCAB_FILE, tmp_path / VOCAB_FILE)
+        folder = tmp_path
     target = tiny_qwen3(vocab=64, seed=2)
     with torch.no_grad():
         target.lm_head.weight.mul_(40)
     prompt = torch.tensor([40, 41, 42, 12, 13, 14, 40, 41])
 
     def trees() -> list:
-        drafter, out = build_drafter(method, target, str(folder)), []
+        options = {"dtype": "fp32"}   # bf16 logits tie often, and a tie may break either way
+        if method == "treeflash":      # ranks fewer tokens than the head keeps
+            options.update(support=8, top_m=4, top_k=4)
+        drafter, out = build_drafter(method, target, str(folder), options), []
         propose = drafter.propose
         drafter.propose = lambda state: out.append(propose(state)) or out[-1]
         list(generate(target, drafter, prompt, GenerationConfig(24)))

@@ -23,12 +23,14 @@ from .base import Drawing, draw, inverse_cdf, law_chain, race, with_siblings, wi
 from .best_first import best_first
 from .dflash import BlockDrafter, DFlashBlock
 from .drawn import Level, drawn_tree, first_draws
+from .vocab import Scores
 
 
 class Scored(NamedTuple):
     top_m: torch.Tensor            # [D, m] each depth's marginal top-m: the next depth's candidate previous tokens
     support: torch.Tensor | None   # [D, s] each depth's scored tokens; None = the whole vocabulary
     logits: torch.Tensor           # [D, m, s or V] the head's conditional logits per (depth, candidate)
+    columns: torch.Tensor | None = None   # [D, s] the support's columns of the marginal's Scores
 
 
 def default_support(device: torch.device) -> int:
@@ -86,6 +88,8 @@ class TreeFlashDrafter(BlockDrafter):
     def draft(self, anchor: int, depth: int) -> DraftTree:
         hidden = self.block.hidden(anchor, normed=False)[1:1 + depth]   # [D, H] before the final norm
         parts = self.parts(hidden)
+        if self.law is not None:   # drawn drafts: laws over the whole vocabulary (verification divides by them)
+            parts = (Scores(parts[0].widen(parts[0].logits)), parts[1])
         grown = self.law is not None and self.draw_shape == "tree"
         # a drawn tree takes most of the budget: the tables only feed its tail and a few deterministic nodes
         scored = self.scored(hidden, anchor, parts, min(self.top_m, D.TREEFLASH_DRAWN_TOP_M) if grown else None)
@@ -103,11 +107,14 @@ class TreeFlashDrafter(BlockDrafter):
             return with_spine(spine, best_first(*tables, max(self.budget - len(spine), 1)))
 
     @torch.no_grad()
-    def parts(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[D, H] backbone states before the final norm -> the marginal logits [D, V] and the head's state half
-        [D, 2I]: what the tables and the drawn chain both start from, made once a round."""
+    def parts(self, hidden: torch.Tensor) -> tuple[Scores, torch.Tensor]:
+        """[D, H] backbone states before the final norm -> the marginal's Scores (over the head's columns) and
+        the head's state half [D, 2I]: what the tables and the drawn chain both start from, made once a round."""
         normed = self.model.model.norm(hidden)
-        return self.block.lm_head(normed).float(), self.model.ar_approximation.state_part(normed)
+        marginal = self.block.scores(normed)
+        if marginal.logits.shape[-1] < max(self.top_m, self.support):   # fewer kept tokens than it ranks
+            marginal = Scores(marginal.widen(marginal.logits))
+        return marginal, self.model.ar_approximation.state_part(normed)
 
     def drawn_chain(self, hidden: torch.Tensor, anchor: int, parts: tuple[torch.Tensor, torch.Tensor],
                     scored: Scored | None = None) -> DraftTree:
@@ -116,7 +123,7 @@ class TreeFlashDrafter(BlockDrafter):
         short sequential loop, one [1, H] row a step: each law depends on the previous draw (linked_chain
         replaces it under a plain temperature with a support)."""
         head, final_norm = self.model.ar_approximation, self.model.model.norm
-        marginal, state = parts                                                      # [D, V], [D, 2I]
+        marginal, state = parts[0].logits, parts[1]                                  # [D, V], [D, 2I]
         logp = torch.log_softmax(marginal, dim=-1)
         if self.support and self.law.sampler.plain:
             return law_chain(*self.linked_chain(scored or self.scored(hidden, anchor, parts), logp))
@@ -139,7 +146,7 @@ class TreeFlashDrafter(BlockDrafter):
 
         Exact: depth d's numbers are independent of the earlier depths' draws, so given the row that the
         previous draw picks, the token is a draw from that row's law; q is the picked rows' laws."""
-        top_m, support, logits = scored
+        top_m, support, logits = scored.top_m, scored.support, scored.logits
         depth, m, s = logits.shape
         t, gen = self.law.sampler.temperature, self.law.generator
         share = logp.gather(1, support).logsumexp(-1)                                   # [D] log P(support)
@@ -171,7 +178,7 @@ class TreeFlashDrafter(BlockDrafter):
         conditioned on that node's own token (any token, not only the tables' top-m candidates: its token
         half is a row of the table), scored over the support as the tables are, or the whole vocabulary."""
         head, final_norm = self.model.ar_approximation, self.model.model.norm
-        marginal, state = parts
+        marginal, state = parts[0].logits, parts[1]                                  # [D, V], [D, 2I]
         logp = torch.log_softmax(marginal, dim=-1)
 
         def states(d: int, prev: torch.Tensor) -> torch.Tensor:
@@ -269,7 +276,8 @@ class TreeFlashDrafter(BlockDrafter):
         head, final_norm = self.model.ar_approximation, self.model.model.norm
         marginal, state = parts
         # one top-k serves both: on a CPU each costs as much as the head's biggest matmul
-        ranked = marginal.topk(max(m, self.support), dim=-1).indices                 # [D, max(m, s)]
+        columns = marginal.logits.topk(max(m, self.support), dim=-1).indices        # [D, max(m, s)]
+        ranked = marginal.tokens(columns)
         top_m = ranked[:, :m]                                                        # [D, m]
         prev = torch.cat([torch.tensor([anchor], device=hidden.device), top_m[:-1].flatten()])
         pos = torch.arange(depth, device=hidden.device).repeat_interleave(m)[m - 1:]
@@ -281,7 +289,7 @@ class TreeFlashDrafter(BlockDrafter):
         support = ranked[:, :self.support]                                           # [D, s]
         rows = self.block.lm_head.weight.index_select(0, support.flatten()).view(*support.shape, -1)
         logits = torch.bmm(states, rows.transpose(1, 2)).float() + self.outside(support)[:, None]
-        return Scored(top_m, support, logits)                                        # [D, m, s]
+        return Scored(top_m, support, logits, columns[:, :self.support])             # [D, m, s]
 
     def outside(self, support: torch.Tensor) -> torch.Tensor:
         """-inf for support tokens outside the drafter's vocabulary (the `vocab` option), else 0: the support
@@ -296,8 +304,9 @@ class TreeFlashDrafter(BlockDrafter):
         """Per (depth, candidate previous token): conditional top-k log-probs, tokens, next-depth links.
         `parts`, `scored`: this round's, if the caller made them already."""
         parts = parts or self.parts(hidden)
-        top_m, support, logits = scored or self.scored(hidden, anchor, parts)
-        logp, tokens = self.top(logits, support, parts[0])
+        scored = scored or self.scored(hidden, anchor, parts)
+        top_m = scored.top_m
+        logp, tokens = self.top(scored, parts[0])
         match = tokens[..., None] == top_m[:, None, None, :]                         # [D, m, k, m]
         links = torch.where(match.any(-1), match.int().argmax(-1), -1)
         links[-1] = -1                                                               # the block ends here
@@ -309,14 +318,14 @@ class TreeFlashDrafter(BlockDrafter):
             return self.table.index_select(0, prev)
         return self.model.ar_approximation.token_part(self.block.embed.weight.index_select(0, prev))
 
-    def top(self, logits: torch.Tensor, support: torch.Tensor | None, marginal: torch.Tensor):
-        """Conditional logits [D, m, s or V] -> the top-k (log-probs at the drafter temperature, tokens)."""
-        t = self.temperature
+    def top(self, scored: Scored, marginal: Scores):
+        """The conditional logits [D, m, s or V] -> the top-k (log-probs at the drafter temperature, tokens)."""
+        t, logits, support = self.temperature, scored.logits, scored.support
         if support is None:
             top = torch.log_softmax(logits / t, dim=-1).topk(self.top_k, dim=-1)
             return top.values, top.indices
         # the support keeps the marginal's share of the mass: log P(S) - logsumexp over S of the conditional
-        share = torch.log_softmax(marginal / t, dim=-1).gather(1, support).logsumexp(-1)
+        share = torch.log_softmax(marginal.logits / t, dim=-1).gather(1, scored.columns).logsumexp(-1)
         logp = (logits / t).log_softmax(-1) + share[:, None, None]
         top = logp.topk(self.top_k, dim=-1)
         return top.values, support[:, None, :].expand_as(logits).gather(2, top.indices)
