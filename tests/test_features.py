@@ -68,6 +68,8 @@ def test_training_prompts_are_distinct_and_never_a_benchmark_prompt():
 
     bench = {p.text for name in builtin_names() for p in load_prompts(name)}
     assert not bench & set(prompts)
+    other = build_prompts(60, seed=1)   # `chat_data --seed 1`: another set, for more data
+    assert len(set(other)) == 60 and len(set(other) & set(prompts)) < 10 and not bench & set(other)
 
 
 def test_anchors_go_to_reply_positions_first(tmp_path):

@@ -3,6 +3,7 @@ into the cache, read from the cache after, and decodes exactly; bad files and a 
 line and a non-zero exit; an interrupted conversion leaves nothing behind."""
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 
@@ -216,3 +217,33 @@ def test_the_conversion_notice_is_said_once_without_quiet(tiny_gguf, cache):
     first, second = CliRunner().invoke(cli, args), CliRunner().invoke(cli, args)
     assert first.exit_code == second.exit_code == 0
     assert "converting tiny.gguf once" in first.stderr and "converting" not in second.stderr
+
+
+RANK_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+os.environ["TREEGEN_CACHE"] = os.path.join(sys.argv[2], f"rank{dist.get_rank()}")   # each rank converts
+from treegen.loading import load_target
+model, tok = load_target(sys.argv[1], dtype="fp32", device="cpu")
+ids = tok("the cat sat on the mat", add_special_tokens=False, return_tensors="pt")["input_ids"]
+with torch.no_grad():
+    torch.save(model(ids).logits, os.path.join(sys.argv[2], f"logits{dist.get_rank()}.pt"))
+dist.destroy_process_group()
+"""
+
+
+def test_every_rank_of_a_torchrun_job_converts_a_whole_folder(tiny_gguf, tmp_path):
+    # transformers' save_pretrained writes no weights outside rank 0; a rank converting its own cache must
+    import subprocess
+
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(script), str(tiny_gguf), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, check=False,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    for rank in (0, 1):
+        (folder,) = [p for p in (tmp_path / f"rank{rank}" / "gguf").iterdir() if p.is_dir()]
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    assert torch.equal(torch.load(tmp_path / "logits0.pt"), torch.load(tmp_path / "logits1.pt"))

@@ -163,8 +163,26 @@ def convert_atomically(file: Path, folder: Path, header: Header) -> None:
 def convert(file: Path, out: Path, header: Header) -> None:
     """Model (dequantized) and tokenizer from the GGUF file, saved into `out` as a transformers folder."""
     model = load_gguf_model(file, header)
-    plain_copy(model).save_pretrained(out)
+    save_plain(plain_copy(model), out)
     load_gguf_tokenizer(file, header).save_pretrained(out)
+
+
+def save_plain(model, out: Path) -> None:
+    """config, generation config and one safetensors file, as save_pretrained lays them out; written here
+    because save_pretrained writes no weights on a rank other than 0, and every process of a torchrun job may
+    be the one that converts its machine's cache."""
+    from safetensors.torch import save_file
+
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    state, seen = {}, set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:   # a tied copy (lm_head = embed_tokens): stored once, as transformers does
+            continue
+        seen.add(tensor.data_ptr())
+        state[name] = tensor.contiguous()
+    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
 
 
 def load_gguf_model(file: Path, header: Header):

@@ -283,11 +283,11 @@ def reply_start(ids: torch.Tensor, header: list[int]) -> int:
     return starts[-1] if starts else len(seq)
 
 
-def saved_prompts(saved: Path, rows: int, rt) -> list[str]:
+def saved_prompts(saved: Path, rows: int, seed: int, rt) -> list[str]:
     """The prompts of this run: those its saved parts answered (a rerun resumes), else new ones, written by the
     main rank before any rank reads them."""
     if rt.main and not saved.exists():
-        saved.write_text(SEPARATOR.join(build_prompts(rows)), encoding="utf-8")
+        saved.write_text(SEPARATOR.join(build_prompts(rows, seed)), encoding="utf-8")
     rt.barrier()
     return saved.read_text(encoding="utf-8").split(SEPARATOR)
 
@@ -298,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rows", type=int, default=2400, help="conversations to generate")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="which prompt set: another seed gives other conversations (more data for a drafter)")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--collect-only", action="store_true",
                         help="write stream.pt and the feature store from the batches saved so far, generate nothing")
@@ -326,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         target, tok = load_target(shipped(args.target, "target"), dtype=rt.target_dtype, device=str(rt.device))
         hidden = target.config.hidden_size
-        prompts = saved_prompts(args.out / "prompts.txt", args.rows, rt)
+        prompts = saved_prompts(args.out / "prompts.txt", args.rows, args.seed, rt)
         log(f"{len(prompts)} prompts; generating replies in batches of {args.batch}")
         generate(target, tok, prompts, args.out, args.batch, log, rt)
         rt.barrier()   # every rank's parts are written before the main rank collects them
