@@ -134,7 +134,8 @@ def model_options(f):
                      help="A method option as KEY=VALUE, e.g. budget=32 (repeatable; over the preset's)."),
         click.option("--device", type=DeviceType(), help="auto, cpu, cuda, cuda:N or mps."),
         click.option("--dtype", type=click.Choice(DTYPES, case_sensitive=False), help="Weights' type; auto: "
-                     "fp32 on the CPU, bf16 on a GPU."),
+                     "bf16 where the device multiplies it natively (a CPU with AVX512-BF16 or AMX, a GPU that "
+                     "has it), else fp32."),
         click.option("--load-in-8bit", is_flag=True, default=None, help="Load the target in 8 bits (bitsandbytes)."),
         click.option("--load-in-4bit", is_flag=True, default=None, help="Load the target in 4 bits (bitsandbytes)."),
         click.option("--device-map", type=DeviceMapType(),
