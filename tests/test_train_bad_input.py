@@ -25,6 +25,7 @@ BAD = {
     "steps -1 batch 0": ("--steps -1 --batch 0", "--steps"),
     "batch 0": ("--batch 0", "--batch"),
     "lr 0": ("--lr 0", "--lr"),
+    "gamma 0": ("--gamma 0", "--gamma"),
     "empty data": ("--data {tmp}/empty.txt", "empty"),
     "missing data": ("--data {tmp}/none.txt", "no such file"),
     "missing stream": ("--data {tmp}/none.pt", "cannot read a token stream"),
@@ -64,6 +65,16 @@ def test_train_dflash_usage_errors(case, corpus, tiny_model_dir, monkeypatch):
     assert result.exit_code == 2, result.output
     assert phrase in result.output and "Traceback" not in result.output
     assert not out.exists()
+
+
+def test_train_dflash_passes_gamma_on(corpus, tiny_model_dir, monkeypatch):
+    seen = {}
+    monkeypatch.setattr("treegen.train.pipeline.train_dflash_pipeline", lambda target, data, out, cfg, **k: seen.update(
+        gamma=cfg.gamma))
+    base = ["train", "dflash", "--target", str(tiny_model_dir), "--data", str(corpus / "text.txt")]
+    for extra, gamma in (([], None), (["--gamma", "2.5"], 2.5)):
+        result = CliRunner().invoke(cli, [*base, "--out", str(corpus / f"out{gamma}"), *extra])
+        assert result.exit_code == 0 and seen["gamma"] == gamma, result.output   # None: by block size
 
 
 def test_short_data_is_one_line_and_leaves_no_folder(corpus, tiny_model_dir):

@@ -137,6 +137,10 @@ SOFT = click.option("--soft", type=click.FloatRange(0, 1), default=0.0, show_def
                    "lm_head for large vocabularies; finish with a run without it (0 = the whole vocabulary).")
 @click.option("--init-from-target", is_flag=True,
               help="Start the drafter's layers as copies of the target's last layers (same shapes).")
+@click.option("--gamma", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Position weights of the loss, exp(-(k-1)/gamma) for the k-th draft (default: by block size, "
+                   "7 for 16, 5 for 10): lower puts the early drafts first, which a drafter that accepts few "
+                   "tokens a round needs most.")
 @loop_options(lr=1e-3)
 @click.option("--regenerate", "regen", type=click.IntRange(min=0), default=0,
               help="Train on N target-regenerated sequences.")
@@ -147,7 +151,7 @@ SOFT = click.option("--soft", type=click.FloatRange(0, 1), default=0.0, show_def
                    "the drafter with the lowest so far is also written to OUT/best.")
 @guarded
 def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, init, candidates,
-               init_from_target, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, soft, heldout_windows,
+               init_from_target, gamma, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, soft, heldout_windows,
                resume, feature_cache, seed, device, precision):
     """Train a DFlash block-diffusion drafter for TARGET; writes z-lab's checkpoint layout to OUT.
 
@@ -165,7 +169,7 @@ def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_
     cfg = DFlashTrainConfig(num_layers=layers, block_size=block_size, target_layer_ids=ids, batch=batch,
                             seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
                             max_seconds=_budget(minutes), seed=seed, init_from_target=init_from_target,
-                            candidates=candidates, soft=soft, heldout_windows=heldout_windows,
+                            candidates=candidates, soft=soft, heldout_windows=heldout_windows, gamma=gamma,
                             feature_cache=_folder(feature_cache), device=device, precision=precision)
     with stop_signals(), new_folder(out):
         train_dflash_pipeline(target, list(data), out, cfg, mask_token_id=mask_token_id, regen=regen,
