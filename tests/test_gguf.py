@@ -3,8 +3,10 @@ into the cache, read from the cache after, and decodes exactly; bad files and a 
 line and a non-zero exit; an interrupted conversion leaves nothing behind."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import sys
 
 import numpy as np
@@ -238,11 +240,16 @@ def test_every_rank_of_a_torchrun_job_converts_a_whole_folder(tiny_gguf, tmp_pat
 
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(script), str(tiny_gguf), str(tmp_path)],
-                         capture_output=True, text=True, timeout=300, check=False,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert run.returncode == 0, run.stderr[-2000:]
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                            str(script), str(tiny_gguf), str(tmp_path)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        _, err = job.communicate(timeout=300)
+    finally:   # a hung rank must not outlive the test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, err[-2000:]
     for rank in (0, 1):
         (folder,) = [p for p in (tmp_path / f"rank{rank}" / "gguf").iterdir() if p.is_dir()]
         assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
