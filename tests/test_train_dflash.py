@@ -79,6 +79,7 @@ def test_training_raises_heldout_acceptance(tiny_model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     assert "held-out loss" in result.output   # the kept-out windows are scored (here at the end)
     assert "saved to best/" in result.output and (cont / "best" / "config.json").exists()   # the best kept apart
+    assert (cont / "best" / "draft_vocab.safetensors").exists()   # a whole published folder, its vocabulary too
     assert json.loads((cont / "best" / "heldout.json").read_text())["loss"] > 0
     cfg = json.loads((cont / "config.json").read_text())
     assert cfg["block_size"] == 8 and cfg["num_hidden_layers"] == 1

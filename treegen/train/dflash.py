@@ -163,9 +163,9 @@ def exporter(save, out_dir: Path, stream: torch.Tensor, target):
     when drafting (drafters/vocab.py: the stream's most frequent)."""
     ids = vocab.frequent_tokens(stream, target.get_output_embeddings().weight.shape[0])
 
-    def export() -> None:
-        save()
-        vocab.save_vocab(out_dir, ids)
+    def export(folder: Path = out_dir) -> None:
+        save(folder)
+        vocab.save_vocab(folder, ids)
     return export
 
 
@@ -230,9 +230,10 @@ def heldout_loss(drafter: DFlashDrafter, target, heldout, cfg: DFlashTrainConfig
     return evaluate
 
 
-def keeping_best(evaluate, drafter: DFlashDrafter, out_dir: Path):
+def keeping_best(evaluate, save_best, out_dir: Path):
     """Wraps a held-out evaluate(): the drafter with the lowest held-out loss so far is also written to
-    OUT/best (with heldout.json), so a run that goes on past its best point still has it."""
+    OUT/best by save_best(folder) (a whole published folder, with heldout.json), so a run that goes on past
+    its best point still has it."""
     best_dir = out_dir / "best"
     record = best_dir / "heldout.json"
 
@@ -240,7 +241,7 @@ def keeping_best(evaluate, drafter: DFlashDrafter, out_dir: Path):
         line, loss = evaluate()
         best = json.loads(record.read_text())["loss"] if record.exists() else float("inf")
         if loss < best:
-            save_dflash(drafter, best_dir)
+            save_best(best_dir)
             record.write_text(json.dumps({"loss": loss, "line": line}) + "\n")
             line += "  (best so far: saved to best/)"
         return line
@@ -279,11 +280,10 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
         return value, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=50)
+    export = exporter(lambda folder: save_dflash(drafter, folder), out_dir, stream, target)
     evaluate = None
     if cfg.heldout_windows and rt.main:
-        evaluate = keeping_best(heldout_loss(drafter, target, windows.heldout(), cfg, gamma, candidates), drafter,
+        evaluate = keeping_best(heldout_loss(drafter, target, windows.heldout(), cfg, gamma, candidates), export,
                                 out_dir)
     return fit(drafter, opt, sched, gen, ckpt, sharded(rt, draw, loss, cfg.batch * cfg.anchors * cfg.block_size),
-               resume=resume, ckpt_every=cfg.ckpt_every,
-               on_checkpoint=exporter(lambda: save_dflash(drafter, out_dir), out_dir, stream, target),
-               evaluate=evaluate, rt=rt)
+               resume=resume, ckpt_every=cfg.ckpt_every, on_checkpoint=export, evaluate=evaluate, rt=rt)

@@ -133,7 +133,7 @@ def train_domino(target, backbone: DFlashDrafter, head: DominoHead, stream: torc
 
     step, elapsed = fit(model, opt, sched, gen, ckpt, sharded(rt, draw, loss, cfg.batch * cfg.anchors * block),
                         resume=resume, ckpt_every=cfg.ckpt_every, rt=rt,
-                        on_checkpoint=exporter(lambda: save_domino(backbone, head, out_dir), out_dir, stream, target))
+                        on_checkpoint=exporter(lambda folder: save_domino(backbone, head, folder), out_dir, stream, target))
     backbone.eval()
     return step, elapsed
 
