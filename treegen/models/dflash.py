@@ -148,6 +148,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.qkv, self.kv = Stacked(self.q_proj, self.k_proj, self.v_proj), Stacked(self.k_proj, self.v_proj)
+        self.out = Stacked(self.o_proj)
         self.stacked_heads = (self.heads, self.kv_heads, self.kv_heads)
 
     def _kv(self, x: torch.Tensor, cos_sin):
@@ -191,7 +192,7 @@ class Attention(nn.Module):
             k, v = torch.cat([k_ctx, k_blk], dim=-2), torch.cat([v_ctx, v_blk], dim=-2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask,
                                              enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(1, q_len, -1))
+        return self.out(out.transpose(1, 2).reshape(1, q_len, -1))[0]
 
 
 class MLP(nn.Module):
@@ -200,12 +201,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-        self.gate_up = Stacked(self.gate_proj, self.up_proj)
+        self.gate_up, self.down = Stacked(self.gate_proj, self.up_proj), Stacked(self.down_proj)
 
     def forward(self, x):
         if not torch.is_grad_enabled() and x.device.type == "cpu":   # drafting: gate and up one product
             gate, up = self.gate_up(x)
-            return self.down_proj(F.silu(gate) * up)
+            return self.down(F.silu(gate) * up)[0]
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -229,12 +230,15 @@ class DFlashDrafter(nn.Module):
         self.config = config
         self.layers = nn.ModuleList(Layer(config) for _ in range(config.num_hidden_layers))
         self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
+        self.fc_product = Stacked(self.fc)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config.head_dim, config.rope_theta)
 
     def project_context(self, features: torch.Tensor) -> torch.Tensor:
         """[.., T, k*H] target features -> [.., T, H] context hidden states."""
+        if not torch.is_grad_enabled() and features.device.type == "cpu":   # drafting: the measured product
+            return self.hidden_norm(self.fc_product(features)[0])
         return self.hidden_norm(self.fc(features))
 
     def forward(self, block: torch.Tensor, block_pos: torch.Tensor, ctx: torch.Tensor, ctx_pos: torch.Tensor,
