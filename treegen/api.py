@@ -19,6 +19,7 @@ import torch
 
 from .drafters import auto_budget, build_drafter
 from .engine.generate import GenerationConfig, Round, generate
+from .engine.int8 import weight_form
 from .engine.prefill import DEFAULT_CHUNK
 from .engine.prefix import PrefixCache
 from .engine.sampling import Sampler
@@ -87,6 +88,7 @@ class Generator:
     attn_implementation: str = DEFAULT_ATTN
     prefill_chunk: int = DEFAULT_CHUNK   # prompt rows per prefill forward (engine/prefill.py)
     adapt_threads: bool = True           # greedy runs take only the free cores where that keeps the bits
+    weights: str = field(init=False, default="")   # what the target's weights are as loaded: int8, bfloat16, ...
 
     def __post_init__(self):
         from .config import resolve_model
@@ -98,6 +100,7 @@ class Generator:
             self.target, dtype=self.dtype, device=self.device, device_map=self.device_map,
             load_in_8bit=self.load_in_8bit, load_in_4bit=self.load_in_4bit,
             attn_implementation=self.attn_implementation)
+        self.weights = weight_form(self.model)
         self.draft_model = build_drafter(self.method, self.model, self.drafter, self.method_options)
         self.verify_cost = self._verify_cost()
         self.thread_plan = ThreadPlan(neutral_counts(self.model) if self.adapt_threads else ())

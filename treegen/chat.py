@@ -139,8 +139,8 @@ class ChatREPL:
         if not self.quiet:
             from .assets import target_label
 
-            self.say(f"treegen chat: {method_label(self.gen)} on {target_label(self.gen.target)}. /help for "
-                     f"commands, Ctrl-D to exit.")
+            self.say(f"treegen chat: {method_label(self.gen)} on {target_label(self.gen.target)} "
+                     f"({self.gen.weights} weights). /help for commands, Ctrl-D to exit.")
         while True:
             line = self.read_message()
             if line is None:

@@ -356,6 +356,8 @@ def info():
 
     from .assets import DEMO_DRAFTER, DEMO_TARGET, SMOLLM2_INSTALL, default_pair, smollm2_gguf
     from .drafters import METHODS
+    from .engine import kernels
+    from .loading import resolve_device, resolve_dtype
     from .policy import default_preset
 
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
@@ -363,6 +365,9 @@ def info():
     pair = default_pair()
     rows = [("treegen", __version__), ("python", platform.python_version()), ("torch", torch.__version__),
             ("transformers", transformers.__version__), ("cuda device", cuda),
+            # what --dtype auto loads here, and whether --dtype int8 has its compiled product
+            ("dtype auto", str(resolve_dtype("auto", resolve_device("auto"))).removeprefix("torch.")),
+            ("int8 product", "compiled (row_int8.c)" if kernels.compiler() else "torch (no C compiler found)"),
             ("demo target", _present(DEMO_TARGET)), ("demo drafter", _present(DEMO_DRAFTER)),
             ("smollm2", f"{gguf} (installed)" if gguf else f"not installed ({SMOLLM2_INSTALL})"),
             # what chat and complete run without --target / --preset

@@ -114,7 +114,7 @@ def sampling_help(name: str, text: str) -> str:
 
 
 MAX_THREADS = 1024   # more threads than any machine has cores only adds contention (and memory per thread)
-DTYPES = ("auto", "fp32", "float32", "fp16", "float16", "bf16", "bfloat16")
+DTYPES = ("auto", "fp32", "float32", "fp16", "float16", "bf16", "bfloat16", "int8")
 
 
 def model_options(f):
@@ -135,7 +135,7 @@ def model_options(f):
         click.option("--device", type=DeviceType(), help="auto, cpu, cuda, cuda:N or mps."),
         click.option("--dtype", type=click.Choice(DTYPES, case_sensitive=False), help="Weights' type; auto: "
                      "bf16 where the device multiplies it natively (a CPU with AVX512-BF16 or AMX, a GPU that "
-                     "has it), else fp32."),
+                     "has it), else fp32; int8: the linear layers' weights in 8 bits (one scale per output), the rest as auto."),
         click.option("--load-in-8bit", is_flag=True, default=None, help="Load the target in 8 bits (bitsandbytes)."),
         click.option("--load-in-4bit", is_flag=True, default=None, help="Load the target in 4 bits (bitsandbytes)."),
         click.option("--device-map", type=DeviceMapType(),
@@ -280,7 +280,7 @@ def setup(kw: dict):
     t0 = time.perf_counter()
     gen = load_generator(cfg, dict(cfg.load), kw["quiet"])
     if kw.get("verbose"):
-        notice(f"loaded {gen.target} ({gen.model.dtype}, {gen.model.device}) and method {gen.method} in "
+        notice(f"loaded {gen.target} ({gen.weights} weights, {gen.model.device}) and method {gen.method} in "
                f"{time.perf_counter() - t0:.1f} s", kw["quiet"])
     return cfg, gen
 

@@ -77,6 +77,8 @@ def resolve(kw: Mapping[str, Any]) -> RunConfig:
     OptionError, presets.PresetError, drafters.MethodError or assets.NotInstalled, each one line."""
     if kw.get("load_in_4bit") and kw.get("load_in_8bit"):
         raise OptionError("--load-in-4bit and --load-in-8bit: choose one")
+    if (kw.get("dtype") or "").lower() == "int8" and (kw.get("load_in_4bit") or kw.get("load_in_8bit")):
+        raise OptionError("--dtype int8 quantizes the weights itself: leave out --load-in-8bit / --load-in-4bit")
     kw = on_pair_in_use(kw)
     base = presets.load(kw["preset"]) if kw.get("preset") else Preset()
     given = base.with_flags(target=kw.get("target"), drafter=kw.get("drafter"), method=kw.get("method"),

@@ -13,6 +13,7 @@ DEFAULT_DEVICE = "auto"
 DEFAULT_ATTN = "sdpa"
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
           "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+INT8 = "int8"   # weight-only int8 linears (engine/int8.py), the rest in auto's dtype
 
 
 class LoadError(RuntimeError):
@@ -33,12 +34,13 @@ def resolve_device(device: str = DEFAULT_DEVICE) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":   # bf16 where the device multiplies it natively: half the bytes a token reads
+    """The compute dtype (int8 weights compute in auto's)."""
+    if dtype in ("auto", INT8):   # bf16 where the device multiplies it natively: half the bytes a token reads
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
         return torch.bfloat16 if device.type == "cpu" and native_bf16() else torch.float32
     if dtype not in DTYPES:
-        raise LoadError(f"unknown dtype {dtype!r}: use auto, fp32, fp16 or bf16")
+        raise LoadError(f"unknown dtype {dtype!r}: use auto, fp32, fp16, bf16 or int8")
     return DTYPES[dtype]
 
 
@@ -122,6 +124,8 @@ def load_target(name: str, *, dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_
     check_hub(source)
     torch_dtype = resolve_dtype(dtype, dev)
     quant = _quantization(load_in_8bit, load_in_4bit, torch_dtype)
+    if dtype == INT8 and quant is not None:
+        raise LoadError("--dtype int8 quantizes the weights itself: leave out --load-in-8bit / --load-in-4bit")
     kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
     if quant is not None:
         kwargs["quantization_config"] = quant
@@ -140,6 +144,10 @@ def load_target(name: str, *, dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_
         raise LoadError(f"cannot load the weights of {name}: {_first_line(err)}") from err
     if device_map is None and quant is None:
         model = model.to(dev)
+    if dtype == INT8:
+        from .engine import int8
+
+        int8.quantize(model)
     model.eval()
     return model, load_tokenizer(source)
 

@@ -10,6 +10,7 @@ from ..engine.tree import DraftTree
 from ..models.domino import DominoHead, HeadTables, check_domino_fits, load_domino
 from .base import DraftState, Drawing, draw, with_siblings
 from .dflash import BlockDrafter, DFlashBlock
+from .precision import float_dtype
 
 
 class HeadDrafter(BlockDrafter):
@@ -24,8 +25,8 @@ class HeadDrafter(BlockDrafter):
 
     def cast(self, dtype: torch.dtype) -> None:
         super().cast(dtype)
-        self.head_model.to(dtype)
-        tune_linears(self.head_model)
+        self.head_model.to(float_dtype(dtype))
+        tune_linears(self.head_model, int8=self.block.int8)
         self.tables = HeadTables(self.head_model, self.block.embed.weight)   # its vocabulary table too
 
     def propose(self, state: DraftState) -> DraftTree:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..engine import kernels
+from ..engine.int8 import Int8Linear
 from ..engine.prefill import input_device
 from ..loading import DTYPES
 from . import defaults as D
@@ -19,14 +21,28 @@ def native_bf16() -> bool:
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
+INT8 = torch.int8   # as a drafter dtype: fp32 weights whose products run in their int8 form (engine/int8.py)
+
+
 def draft_dtype(name: str, target) -> torch.dtype:
-    """`auto`: bf16 for an fp32 target on a CPU with native bf16, else the target's own dtype."""
+    """`auto`, for an fp32 target on a CPU: bf16 where the CPU has native bf16, else int8 products where their
+    kernel built (a quarter of fp32's bytes a pass); otherwise the target's own dtype."""
     weight = target.get_input_embeddings().weight
+    if name == "int8":
+        return INT8
     if name != D.DTYPE:
         return DTYPES[name]
-    if input_device(target).type == "cpu" and weight.dtype == torch.float32 and native_bf16():
-        return torch.bfloat16
+    if input_device(target).type == "cpu" and weight.dtype == torch.float32:
+        if native_bf16():
+            return torch.bfloat16
+        if kernels.int8_library() is not None:
+            return INT8
     return weight.dtype
+
+
+def float_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a drafter's weights are kept in: int8 drafting keeps fp32 weights (its products quantize them)."""
+    return torch.float32 if dtype == INT8 else dtype
 
 
 # -- the target's embedding and lm_head as the drafter reads them (its own device and dtype) ---------------
@@ -45,6 +61,14 @@ def weight_of(module) -> torch.Tensor:
 def resident(module, device: torch.device, dtype: torch.dtype) -> bool:
     """The module's weight is in memory on `device` in `dtype`: the drafter can read it as it is."""
     return module.weight.device == device and module.weight.dtype == dtype
+
+
+def readable_head(lm_head, dtype: torch.dtype):
+    """The target's lm_head with rows a drafter can read: an int8 head (`--dtype int8`, engine/int8.py) as the
+    float weight its values stand for, in `dtype` (drafts only propose: the target verifies with its int8)."""
+    if type(lm_head) is Int8Linear:
+        return own_linear(torch.nn.Parameter(lm_head.int8.dequantized(dtype), requires_grad=False))
+    return lm_head
 
 
 def plain_head(module) -> bool:

@@ -22,6 +22,7 @@ from . import defaults as D
 from .base import Drawing, draw, inverse_cdf, law_chain, race, with_siblings, with_spine
 from .best_first import best_first
 from .dflash import BlockDrafter, DFlashBlock
+from .precision import float_dtype
 from .drawn import Level, drawn_tree, first_draws
 from .vocab import Scores
 
@@ -80,9 +81,9 @@ class TreeFlashDrafter(BlockDrafter):
                 self.table = self.model.ar_approximation.token_part(embed)   # [V, 2I]
 
     def cast(self, dtype: torch.dtype) -> None:
-        self.model.to(dtype)   # the head and the backbone (block.model)
+        self.model.to(float_dtype(dtype))   # the head and the backbone (block.model)
         super().cast(dtype)
-        tune_linears(self.model.ar_approximation)
+        tune_linears(self.model.ar_approximation, int8=self.block.int8)
         self.make_table()
 
     def draft(self, anchor: int, depth: int) -> DraftTree:

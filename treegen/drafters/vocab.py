@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..engine.matmul import Matmul
+from ..engine.matmul import product
 
 VOCAB_FILE = "draft_vocab.safetensors"
 DRAFT_VOCAB = 8192   # frequent tokens written with a trained drafter
@@ -73,7 +73,7 @@ class DraftHead(torch.nn.Module):
     second small one, remade when `admit` brings new ones. `weight` is the whole head's (drafters that
     gather rows of it read any token)."""
 
-    def __init__(self, lm_head, frequent: torch.Tensor):
+    def __init__(self, lm_head, frequent: torch.Tensor, int8: bool = False):
         super().__init__()
         self.full = lm_head
         weight = lm_head.weight.detach()
@@ -81,7 +81,7 @@ class DraftHead(torch.nn.Module):
         self.frequent = frequent.to(weight.device)
         self.kept[self.frequent] = True
         self.frequent_rows = weight.index_select(0, self.frequent)
-        self.product = Matmul(self.frequent_rows)
+        self.product = product(self.frequent_rows, int8)
         self.base = self.kept.clone()
         self.extra = self.frequent.new_zeros(0)
         self.extra_rows = weight.new_zeros(0, weight.shape[1])

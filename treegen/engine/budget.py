@@ -19,6 +19,7 @@ import torch
 
 from . import kernels
 from .disk import LoadWatch, cache_root, keep_if_quiet, read_table
+from .int8 import weight_form
 from .matmul import RowMatmul, machine, say
 from .tree import DraftTree, drawn_shape, widths
 
@@ -104,7 +105,7 @@ def cost_key(model) -> str:
     step = ("lazy" if step.lazy else "eager") + ("+fast" if step.fast is not None else "") + \
         (f"+mm:{step.head.form}" if isinstance(step.head, RowMatmul) else "")
     device = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else machine()
-    return (f"{name}|{model.dtype}|{model.device}|{device}|threads={torch.get_num_threads()}"
+    return (f"{name}|{weight_form(model)}|{model.dtype}|{model.device}|{device}|threads={torch.get_num_threads()}"
             f"|torch={torch.__version__}|{step}+invariant|kernels={kernels.tag()}")
 
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from . import invariant, kernels
+from .int8 import Int8Linear, Int8Weight
 from .matmul import Matmul, matmul_for
 
 ARCHITECTURES = ("qwen3", "llama")
@@ -37,6 +38,20 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def plain_linear(module) -> bool:
     """An unquantised nn.Linear without bias (what the lean path multiplies by directly)."""
     return type(module) is torch.nn.Linear and module.bias is None and module.weight.dtype.is_floating_point
+
+
+def lean_linear(module) -> bool:
+    """A linear layer the lean path multiplies by directly: a plain one, or treegen's own int8 (engine/int8.py)."""
+    return plain_linear(module) or type(module) is Int8Linear
+
+
+def weight_of(module) -> torch.Tensor | Int8Weight:
+    return module.int8 if type(module) is Int8Linear else module.weight
+
+
+def products(make):
+    """make(*float weights) -> a product; int8 weights are their own product, stacked (row-invariant already)."""
+    return lambda *w: Int8Weight.stack(*w) if isinstance(w[0], Int8Weight) else make(*w)
 
 
 def supported(model) -> bool:
@@ -60,7 +75,7 @@ def supported(model) -> bool:
     except (AttributeError, NotImplementedError, TypeError):
         return False
     sliding = any(t != "full_attention" for t in getattr(config, "layer_types", None) or ())
-    return bool(layers) and not sliding and all(plain_linear(m) for m in linears)
+    return bool(layers) and not sliding and all(lean_linear(m) for m in linears)
 
 
 def _attention(attn):
@@ -93,7 +108,7 @@ class FastDecoder:
     def __init__(self, model, invariant: bool = True):
         config = model.config
         self.invariant = invariant
-        mm = (lambda *w: matmul_for(model, *w)) if invariant else Matmul.plain
+        mm = products((lambda *w: matmul_for(model, *w)) if invariant else Matmul.plain)
         decoder = model.get_decoder()
         self.eps, self.head_dim = config.rms_norm_eps, config.head_dim if getattr(config, "head_dim", None) \
             else config.hidden_size // config.num_attention_heads
@@ -105,8 +120,8 @@ class FastDecoder:
         for layer in decoder.layers:
             attn = layer.self_attn
             qk_norm = (attn.q_norm.weight, attn.k_norm.weight) if hasattr(attn, "q_norm") else None
-            q, k, v, o = (m.weight for m in _attention(attn))
-            gate, up, down = (m.weight for m in _mlp(layer.mlp))
+            q, k, v, o = (weight_of(m) for m in _attention(attn))
+            gate, up, down = (weight_of(m) for m in _mlp(layer.mlp))
             self.layers.append((layer.input_layernorm.weight, Projections((q, k, v), mm, invariant), mm(o),
                                 qk_norm, layer.post_attention_layernorm.weight,
                                 Projections((gate, up), mm, invariant), mm(down)))

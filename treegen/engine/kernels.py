@@ -1,7 +1,8 @@
 """The CPU verify forward's compiled kernels, built once per machine with the system's C compiler into the cache
 folder and loaded with ctypes: row_attention.c (attention; without it engine/invariant.py's torch path serves,
-the same row invariance, slower) and row_matmul.c (bf16 products on AVX512-BF16; without it engine/matmul.py's
-other forms serve). None where no compiler is found or a build fails."""
+the same row invariance, slower), row_matmul.c (bf16 products on AVX512-BF16; without it engine/matmul.py's
+other forms serve), row_ops.c (RMS norm, rotary embedding) and row_int8.c (weight-only int8 products,
+engine/int8.py). None where no compiler is found or a build fails."""
 from __future__ import annotations
 
 import ctypes
@@ -20,11 +21,13 @@ from .disk import cache_root
 SOURCE = Path(__file__).with_name("row_attention.c")
 MATMUL_SOURCE = Path(__file__).with_name("row_matmul.c")
 OPS_SOURCE = Path(__file__).with_name("row_ops.c")
+INT8_SOURCE = Path(__file__).with_name("row_int8.c")
 HEADER = Path(__file__).with_name("row_common.h")   # included by the sources: part of every build's name
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math")
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 ARGS = [_ptr, _ptr, _ptr] + [_i64] * 9 + [_ptr, _ptr, _i64, ctypes.c_float, _ptr, ctypes.c_int]
 MATMUL_ARGS = [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, ctypes.c_int]
+INT8_ARGS = [_ptr, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr, _i64, ctypes.c_int]
 NORM_ARGS = [_ptr, _i64, _i64, _i64, _ptr, ctypes.c_float, _ptr]
 ROPE_ARGS = [_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr]
 MAX_ROPE_DIM = 1024
@@ -35,7 +38,7 @@ def tag() -> str:
     """The kernels' sources in a few characters: a measurement kept on disk (a verify cost, a matmul choice)
     belongs to the kernels it timed, and a new version measures again."""
     digest = hashlib.sha256()
-    for path in (SOURCE, MATMUL_SOURCE, OPS_SOURCE, HEADER):
+    for path in (SOURCE, MATMUL_SOURCE, OPS_SOURCE, INT8_SOURCE, HEADER):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:10]
 
@@ -72,6 +75,16 @@ def ops_library() -> ctypes.CDLL | None:
         for name, args in (("rms_norm_f32", NORM_ARGS), ("rms_norm_bf16", NORM_ARGS), ("rope_f32", ROPE_ARGS),
                            ("rope_bf16", ROPE_ARGS)):
             getattr(lib, name).argtypes, getattr(lib, name).restype = args, None
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def int8_library() -> ctypes.CDLL | None:
+    """The built weight-only int8 product (row_int8.c: vectorized with AVX2 and FMA, plain C elsewhere), or
+    None (as library())."""
+    lib = build(INT8_SOURCE)
+    if lib is not None:
+        lib.row_int8_f32.argtypes, lib.row_int8_f32.restype = INT8_ARGS, None
     return lib
 
 
@@ -157,6 +170,34 @@ def row_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return out.view(*x.shape[:-1], n)
 
 
+INT8_GROUP = 32   # outputs side by side in row_int8.c's layout
+
+
+def int8_pack(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] int8 -> [N/32, K, 32]: the k-th weights of 32 outputs side by side, as the kernel streams them."""
+    n, k = q.shape
+    return q.view(n // INT8_GROUP, INT8_GROUP, k).permute(0, 2, 1).contiguous()
+
+
+def int8_unpack(packed: torch.Tensor) -> torch.Tensor:
+    groups, k, _ = packed.shape
+    return packed.permute(0, 2, 1).reshape(groups * INT8_GROUP, k)
+
+
+def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [..., K] fp32 @ (scale[:, None] * Q).T with Q packed by int8_pack -> [..., N] fp32, each row alone in
+    a fixed order (row_int8.c)."""
+    groups, k, _ = packed.shape
+    n = groups * INT8_GROUP
+    flat = x.reshape(-1, k)
+    if flat.stride(-1) != 1 or (flat.shape[0] > 1 and flat.stride(0) < k):
+        flat = flat.contiguous()
+    out = torch.empty(flat.shape[0], n, dtype=torch.float32)
+    int8_library().row_int8_f32(flat.data_ptr(), flat.shape[0], flat.stride(0), packed.data_ptr(),
+                                scale.data_ptr(), n, k, out.data_ptr(), n, torch.get_num_threads())
+    return out.view(*x.shape[:-1], n)
+
+
 def ops_usable(x: torch.Tensor, dim: int) -> bool:
     return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and dim % 16 == 0
             and dim <= MAX_ROPE_DIM and ops_library() is not None)
@@ -190,4 +231,4 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 def build_all() -> None:
     """Every kernel built now: before a measurement starts, so that the compiler's processes do not count as
     other work on the machine (disk.LoadWatch)."""
-    library(), matmul_library(), ops_library()
+    library(), matmul_library(), ops_library(), int8_library()

@@ -17,6 +17,7 @@ computes its rows the same way.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 import weakref
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 
 from . import kernels
 from .disk import LoadWatch, cache_root, keep_if_quiet, notice, read_table
+from .int8 import Int8Weight
 
 FORMS = ("linear", "packed", "t", "swapped", "compiled")
 ROWS = (1, 2, 4, 8, 16, 32, 64)     # measured row counts; a count uses the form of the next measured one up
@@ -64,8 +66,23 @@ def copy_cap() -> int:
     return min(COPY_BUDGET, int(FREE_SHARE * free_bytes()))
 
 
-def packable() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def packable(dtype: torch.dtype = torch.float32) -> bool:
+    """oneDNN lays out a weight of this dtype here (bf16 needs AVX512 or AVX-NE-CONVERT: an AVX2 CPU refuses)."""
+    return dtype in _packable_dtypes()
+
+
+@functools.lru_cache(maxsize=1)
+def _packable_dtypes() -> frozenset:
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return frozenset()
+    works = set()
+    for dtype in DTYPES:
+        try:
+            pack(torch.zeros(16, 16, dtype=dtype))
+            works.add(dtype)
+        except RuntimeError:
+            pass
+    return frozenset(works)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -89,6 +106,8 @@ class Matmul:
             forms = self.choose(self.weight) if applies(self.weight) else dict.fromkeys(ROWS, "linear")
         if "compiled" in forms.values() and not kernels.row_matmul_packable(self.weight):
             forms = {n: ("linear" if f == "compiled" else f) for n, f in forms.items()}
+        if "packed" in forms.values() and not packable(self.weight.dtype):
+            forms = {n: ("linear" if f == "packed" else f) for n, f in forms.items()}
         self.copies: dict[str, torch.Tensor] = {}
         for form, make in (("packed", pack), ("t", lambda w: w.t().contiguous()),
                            ("compiled", kernels.row_matmul_pack)):
@@ -165,7 +184,7 @@ def time_forms(n_out: int, n_in: int, dtype, repeats: int = 7) -> dict[str, dict
     transposed = [w.t().contiguous() for w in weights]
     run = {"linear": lambda i, x: F.linear(x, weights[i]), "t": lambda i, x: x @ transposed[i],
            "swapped": lambda i, x: (weights[i] @ x.t()).t().contiguous()}
-    if packable():
+    if packable(dtype):
         packed = [pack(w) for w in weights]
         run["packed"] = lambda i, x: packed_product(x, packed[i])
     if kernels.row_matmul_packable(weight):
@@ -267,7 +286,7 @@ def invariant_chunks(n_out: int, n_in: int, dtype) -> dict[str, int]:
     """Per form, the most rows a call may carry with each row's bits those of that row alone."""
     weight, x = cancelling(n_out, n_in, CHECKED[-1], dtype)
     run = {"linear": lambda v: F.linear(v, weight)}
-    if packable():
+    if packable(dtype):
         packed = pack(weight)
         run["packed"] = lambda v: packed_product(v, packed)
     transposed = weight.t().contiguous()
@@ -350,24 +369,34 @@ def matmul_for(model, *weights: torch.Tensor) -> RowMatmul:
     return table[key]
 
 
-class TunedForward:
-    """An nn.Linear's forward through its Matmul; made again if the module's weight was replaced."""
+def product(weight: torch.Tensor, int8: bool = False):
+    """x -> x @ W.T for a drafter's weight: its fastest float layout, or its int8 form (engine/int8.py: a
+    quarter of the bytes, for drafters only, whose products need not be the target's bits)."""
+    return Int8Weight.quantize(weight) if int8 else Matmul(weight)
 
-    def __init__(self, module: torch.nn.Linear):
-        self.module, self.matmul = weakref.ref(module), Matmul(module.weight)
+
+class TunedForward:
+    """An nn.Linear's forward through its Matmul (or int8 form); made again if the module's weight was replaced."""
+
+    def __init__(self, module: torch.nn.Linear, int8: bool = False):
+        self.module, self.int8 = weakref.ref(module), int8
+        self.source = (module.weight.data_ptr(), module.weight.dtype)
+        self.matmul = product(module.weight, int8)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.module().weight
-        if weight.data_ptr() != self.matmul.weight.data_ptr() or weight.dtype != self.matmul.weight.dtype:
-            self.matmul = Matmul(weight)
+        if (weight.data_ptr(), weight.dtype) != self.source:
+            self.source, self.matmul = (weight.data_ptr(), weight.dtype), product(weight, self.int8)
         return self.matmul(x)
 
 
-def tune_linears(*modules: torch.nn.Module) -> None:
-    """Every bias-free nn.Linear under these modules computes through a Matmul. For a drafter's own
-    modules only (never the target's: its rows must stay what the lean forward or transformers compute)."""
+def tune_linears(*modules: torch.nn.Module, int8: bool = False) -> None:
+    """Every bias-free nn.Linear under these modules computes through a Matmul (int8: its int8 form). For a
+    drafter's own modules only (never the target's: its rows must stay what the lean forward or transformers
+    compute)."""
     for root in modules:
         for module in root.modules():
-            tuned = isinstance(module.__dict__.get("forward"), TunedForward)   # shared, or tuned by a cast before
+            forward = module.__dict__.get("forward")   # shared, or tuned by a cast before
+            tuned = isinstance(forward, TunedForward) and forward.int8 == int8
             if type(module) is torch.nn.Linear and module.bias is None and applies(module.weight) and not tuned:
-                module.forward = TunedForward(module)
+                module.forward = TunedForward(module, int8)

@@ -88,8 +88,8 @@ class TargetStep:
         self.head = self.projection = None
         if self.lazy:
             head = model.get_output_embeddings()
-            self.head = matmul_for(model, head.weight) if plain_linear(head) else head   # engine/matmul.py
-            self.projection = Projection(self.head, key=id(head.weight))
+            self.head = matmul_for(model, head.weight) if plain_linear(head) else head   # engine/matmul.py (int8: its own)
+            self.projection = Projection(self.head, key=id(head))
         self.fast = fast_decoder.FastDecoder(model) if self.lazy and fast_decoder.supported(model) else None
 
     def __call__(self, ids, positions, mask, cache) -> tuple[Logits, torch.Tensor | None]:
@@ -131,8 +131,8 @@ class Projection:
     """
 
     WEIGHT = 0.5          # of the latest forward in the running means
-    _warm: ClassVar[dict[int, float]] = {}   # id(lm_head weight) -> b, seconds per extra warm row
-    _cold: ClassVar[dict[int, float]] = {}   # id(lm_head weight) -> a, seconds per row projected alone
+    _warm: ClassVar[dict[int, float]] = {}   # id(lm_head module) -> b, seconds per extra warm row
+    _cold: ClassVar[dict[int, float]] = {}   # id(lm_head module) -> a, seconds per row projected alone
 
     def __init__(self, lm_head, key: int):
         self.lm_head, self.key = lm_head, key

@@ -15,7 +15,7 @@ from torch import nn
 from ..engine import kernels
 from ..engine.cache import room
 from ..engine.fast_decoder import Projections
-from ..engine.matmul import Matmul
+from ..engine.matmul import product
 
 
 @dataclass(frozen=True)
@@ -91,16 +91,17 @@ def rope(x: torch.Tensor, cos_sin) -> torch.Tensor:
 class Stacked:
     """Several projections of one input as one product over their stacked weights (the verify forward's
     Projections; drafting: one call instead of two or three), made again when a weight changes (a cast, or a
-    drafter trained after it drafted)."""
+    drafter trained after it drafted). int8: the product in its int8 form (DFlashDrafter.quantize_products)."""
 
     def __init__(self, *linears: nn.Linear):
         self.linears, self.versions, self.projections = linears, None, None
+        self.int8 = False
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        versions = [(m.weight.data_ptr(), m.weight._version, m.weight.dtype) for m in self.linears]
+        versions = [(m.weight.data_ptr(), m.weight._version, m.weight.dtype, self.int8) for m in self.linears]
         if versions != self.versions:
             weights = [m.weight.detach() for m in self.linears]
-            self.projections = Projections(weights, lambda *w: Matmul(torch.cat(w)), fuse=True)
+            self.projections = Projections(weights, lambda *w: product(torch.cat(w), self.int8), fuse=True)
             self.versions = versions
         return self.projections(x)
 
@@ -234,6 +235,14 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config.head_dim, config.rope_theta)
+
+    def quantize_products(self, on: bool = True) -> None:
+        """Drafting's products in int8 (engine/int8.py): a quarter of the bytes a pass reads, where a CPU has
+        no fast bf16; drafts only propose, so this changes what is drafted, never what is generated."""
+        for module in self.modules():
+            for value in vars(module).values():
+                if isinstance(value, Stacked):
+                    value.int8 = on
 
     def project_context(self, features: torch.Tensor) -> torch.Tensor:
         """[.., T, k*H] target features -> [.., T, H] context hidden states."""
