@@ -22,8 +22,8 @@ from . import defaults as D
 from .base import Drawing, draw, inverse_cdf, law_chain, race, with_siblings, with_spine
 from .best_first import best_first
 from .dflash import BlockDrafter, DFlashBlock
-from .precision import float_dtype
 from .drawn import Level, drawn_tree, first_draws
+from .precision import float_dtype
 from .vocab import Scores
 
 
