@@ -143,7 +143,7 @@ def domino_config_json(config: DFlashConfig, head: HeadConfig) -> dict:
 
 def check_domino_fits(backbone: DFlashDrafter, head: DominoHead, target) -> None:
     check_fits(backbone.config, target)
-    rows = target.get_output_embeddings().weight.shape[0]
+    rows = target.get_output_embeddings().out_features   # a Linear, or treegen's Int8Linear
     out = head.embed_proj[2].weight.shape[0]
     if out != rows:
         raise CheckpointError(f"Domino head does not fit the target: embed_proj scores {out} tokens, "
