@@ -61,7 +61,7 @@ USAGE = {
     "seed overflow": ("--seed 99999999999999999999", "2**64 - 1"),
     "seed -2": ("--seed -2", "-1 or an integer"),
     "unknown method": ("--method nosuch", "unknown method 'nosuch'"),
-    "unknown dtype": ("--dtype int8", "int8"),
+    "unknown dtype": ("--dtype int4", "int4"),
     "unknown device": ("--device tpu", "tpu"),
     "unknown preset": ("--preset nope", "unknown preset 'nope'"),
     "missing prompt file": ("{tmp}/none.txt", "none.txt"),

@@ -26,8 +26,13 @@ def test_the_example_output_is_what_the_command_prints(example):
     if not E.available(example.needs):
         pytest.skip(f"needs {example.needs}")
     actual = E.run(example.command)
-    assert E.same(example.output, actual), (f"{example.document.name}: `{example.command}` now prints:\n{actual}\n"
+    assert E.matches(example, actual), (f"{example.document.name}: `{example.command}` now prints:\n{actual}\n"
                                             f"(python -m treegen.bench.examples rewrites it)")
+
+
+def test_each_example_names_the_kind_of_cpu_that_wrote_it():
+    assert all(e.cpu for e in ALL)
+    assert E.cpu_kind().startswith(("AVX", "DEFAULT", "VSX", "ZVECTOR", "SVE", "NEON"))
 
 
 def test_stdout_does_not_start_with_blank_lines():

@@ -49,10 +49,23 @@ class TreegenGroup(click.Group):
         except click.Abort:
             click.echo("treegen: interrupted", err=True)
             code = 130
+        except BrokenPipeError:   # the reader left (`treegen --help | head`): done, quietly
+            quiet_stdout()
+            code = 0
         code = code if isinstance(code, int) else 0
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+def quiet_stdout() -> None:
+    """stdout pointed at /dev/null, so that the interpreter's last flush meets no closed pipe."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):   # no real file descriptor (CliRunner)
+        pass
 
 
 # ---- the group ------------------------------------------------------------------------------------------
@@ -357,7 +370,7 @@ def info():
     from .assets import DEMO_DRAFTER, DEMO_TARGET, SMOLLM2_INSTALL, default_pair, smollm2_gguf
     from .drafters import METHODS
     from .engine import kernels
-    from .loading import resolve_device, resolve_dtype
+    from .loading import auto_weights, resolve_device
     from .policy import default_preset
 
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
@@ -366,7 +379,7 @@ def info():
     rows = [("treegen", __version__), ("python", platform.python_version()), ("torch", torch.__version__),
             ("transformers", transformers.__version__), ("cuda device", cuda),
             # what --dtype auto loads here, and whether --dtype int8 has its compiled product
-            ("dtype auto", str(resolve_dtype("auto", resolve_device("auto"))).removeprefix("torch.")),
+            ("dtype auto", auto_weights(resolve_device("auto"))),
             ("int8 product", "compiled (row_int8.c)" if kernels.compiler() else "torch (no C compiler found)"),
             ("demo target", _present(DEMO_TARGET)), ("demo drafter", _present(DEMO_DRAFTER)),
             ("smollm2", f"{gguf} (installed)" if gguf else f"not installed ({SMOLLM2_INSTALL})"),

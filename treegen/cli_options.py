@@ -135,7 +135,8 @@ def model_options(f):
         click.option("--device", type=DeviceType(), help="auto, cpu, cuda, cuda:N or mps."),
         click.option("--dtype", type=click.Choice(DTYPES, case_sensitive=False), help="Weights' type; auto: "
                      "bf16 where the device multiplies it natively (a CPU with AVX512-BF16 or AMX, a GPU that "
-                     "has it), else fp32; int8: the linear layers' weights in 8 bits (one scale per output), the rest as auto."),
+                     "has it); on another CPU int8 linear layers (8-bit weights, one scale per output; the rest "
+                     "fp32), else fp32. int8: those 8-bit linear layers anywhere."),
         click.option("--load-in-8bit", is_flag=True, default=None, help="Load the target in 8 bits (bitsandbytes)."),
         click.option("--load-in-4bit", is_flag=True, default=None, help="Load the target in 4 bits (bitsandbytes)."),
         click.option("--device-map", type=DeviceMapType(),

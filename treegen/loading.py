@@ -34,7 +34,8 @@ def resolve_device(device: str = DEFAULT_DEVICE) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """The compute dtype (int8 weights compute in auto's)."""
+    """The compute dtype: auto's is bf16 where the device multiplies it natively, else fp32 (int8 linear layers,
+    int8_weights, compute in it too)."""
     if dtype in ("auto", INT8):   # bf16 where the device multiplies it natively: half the bytes a token reads
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
@@ -42,6 +43,24 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype not in DTYPES:
         raise LoadError(f"unknown dtype {dtype!r}: use auto, fp32, fp16, bf16 or int8")
     return DTYPES[dtype]
+
+
+def int8_weights(dtype: str, device: torch.device) -> bool:
+    """Whether the target loads with int8 linear layers (engine/int8.py): asked for, or `auto` on a CPU without
+    native bf16 where the compiled int8 product builds (it reads a quarter of fp32's bytes a token)."""
+    if dtype == INT8:
+        return True
+    if dtype != "auto" or device.type != "cpu" or native_bf16():
+        return False
+    from .engine import kernels
+
+    return kernels.int8_library() is not None
+
+
+def auto_weights(device: torch.device) -> str:
+    """What `--dtype auto` loads on this device, in words (treegen info)."""
+    compute = str(resolve_dtype("auto", device)).removeprefix("torch.")
+    return f"int8 linear layers, {compute} elsewhere" if int8_weights("auto", device) else compute
 
 
 def native_bf16() -> bool:
@@ -124,6 +143,7 @@ def load_target(name: str, *, dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_
     check_hub(source)
     torch_dtype = resolve_dtype(dtype, dev)
     quant = _quantization(load_in_8bit, load_in_4bit, torch_dtype)
+    int8 = quant is None and int8_weights(dtype, dev)
     if dtype == INT8 and quant is not None:
         raise LoadError("--dtype int8 quantizes the weights itself: leave out --load-in-8bit / --load-in-4bit")
     kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
@@ -144,10 +164,10 @@ def load_target(name: str, *, dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_
         raise LoadError(f"cannot load the weights of {name}: {_first_line(err)}") from err
     if device_map is None and quant is None:
         model = model.to(dev)
-    if dtype == INT8:
-        from .engine import int8
+    if int8:
+        from .engine.int8 import quantize
 
-        int8.quantize(model)
+        quantize(model)
     model.eval()
     return model, load_tokenizer(source)
 

@@ -64,7 +64,7 @@ treegen bench --target Qwen/Qwen3-8B --methods ar,pld --prompts chat --temperatu
 @click.option("--peers/--no-peers", default=True, show_default=True,
               help="Also run transformers' generate(): plain (hf-generate) and with prompt lookup (hf-pld).")
 @click.option("--device", help="auto, cpu, cuda or cuda:N.")
-@click.option("--dtype", help="auto, fp32, fp16 or bf16.")
+@click.option("--dtype", help="auto, fp32, fp16, bf16 or int8 (as treegen complete --dtype).")
 @click.option("--threads", type=click.IntRange(min=1), metavar="N",
               help="CPU threads for torch (default: torch's; fewer on a machine shared with other work).")
 @click.option("--json", "json_path", metavar="PATH", help="Write every number (and every run) as JSON.")

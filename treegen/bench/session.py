@@ -64,9 +64,11 @@ def model_name(contestants) -> str:
     model = getattr(generator, "model", None)
     if model is None:
         return ""
-    params = sum(p.numel() for p in model.parameters())
+    from ..engine.int8 import parameters, weight_form
+
+    params = parameters(model)
     size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
-    return f"{type(model).__name__}, {size} parameters"
+    return f"{type(model).__name__}, {size} parameters, {weight_form(model)} weights"
 
 
 def chat_prompts(kw: dict) -> bool:
