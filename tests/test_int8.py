@@ -104,3 +104,17 @@ def test_int8_with_bitsandbytes_is_a_usage_error():
     result = CliRunner().invoke(cli, ["complete", "-", "--dtype", "int8", "--load-in-8bit"], input="x")
     assert result.exit_code == 2
     assert "--dtype int8 quantizes the weights itself" in result.output
+
+
+def test_auto_loads_int8_only_on_a_cpu_without_native_bf16(monkeypatch):
+    from treegen import loading
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for native, expected in ((True, False), (False, True)):
+        monkeypatch.setattr(loading, "native_bf16", lambda native=native: native)
+        assert loading.int8_weights("auto", cpu) is expected
+        assert loading.int8_weights("fp32", cpu) is False and loading.int8_weights("bf16", cpu) is False
+        assert loading.int8_weights("int8", cpu) is True
+        assert loading.int8_weights("auto", cuda) is False   # a GPU keeps its float weights
+    monkeypatch.setattr(kernels, "int8_library", lambda: None)   # no compiler: fp32, not a slow int8
+    assert loading.int8_weights("auto", cpu) is False

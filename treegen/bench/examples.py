@@ -127,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = path.read_text(encoding="utf-8")
 
-        def refresh(m: re.Match, name: str = path.name) -> str:
+        def refresh(m: re.Match, name: str = path.name, document: Path = path) -> str:
             command, output = parse(m.group(3))
-            example = Example(path, command, output, m.group(1), m.group(2))
+            example = Example(document, command, output, m.group(1), m.group(2))
             if not available(example.needs):
                 print(f"skipped (needs {example.needs}): {command}", file=sys.stderr)
                 return m.group(0)
