@@ -35,6 +35,17 @@ def blocks(drafter):
     return [drafter.first, drafter.vp] if hasattr(drafter, "vp") else [drafter.block]
 
 
+def assert_greedy_output(demo, g) -> None:
+    """g's T=0 output equals plain decoding of demo's target on every prompt, and it accepted drafts."""
+    accepted = 0
+    for prompt in PROMPTS:
+        ref = demo.generate(prompt, max_new_tokens=32)
+        out = g.generate(prompt, max_new_tokens=32)
+        assert out.token_ids == ref.token_ids, (g.method, prompt)
+        accepted += out.stats.accepted_drafts
+    assert accepted > 0
+
+
 @pytest.mark.parametrize("method", DRAFTING)
 def test_bf16_drafter_keeps_greedy_output(demo, method):
     """Every drafting method with a bf16 drafter on the fp32 demo target: T=0 output equals plain decoding."""
@@ -42,13 +53,7 @@ def test_bf16_drafter_keeps_greedy_output(demo, method):
     assert all(b.model.fc.weight.dtype == torch.bfloat16 and b.lm_head.weight.dtype == torch.bfloat16
                for b in blocks(g.draft_model))
     assert demo.model.get_output_embeddings().weight.dtype == torch.float32   # the target keeps its weights
-    accepted = 0
-    for prompt in PROMPTS:
-        ref = demo.generate(prompt, max_new_tokens=32)
-        out = g.generate(prompt, max_new_tokens=32)
-        assert out.token_ids == ref.token_ids, (method, prompt)
-        accepted += out.stats.accepted_drafts
-    assert accepted > 0
+    assert_greedy_output(demo, g)
 
 
 @pytest.mark.parametrize("method", DRAFTING)
@@ -59,13 +64,7 @@ def test_int8_drafting_keeps_greedy_output(demo, method):
     g = drafting(demo, method, "int8")
     for b in blocks(g.draft_model):
         assert b.int8 and b.model.fc.weight.dtype == torch.float32
-    accepted = 0
-    for prompt in PROMPTS:
-        ref = demo.generate(prompt, max_new_tokens=32)
-        out = g.generate(prompt, max_new_tokens=32)
-        assert out.token_ids == ref.token_ids, (method, prompt)
-        accepted += out.stats.accepted_drafts
-    assert accepted > 0
+    assert_greedy_output(demo, g)
     for b in blocks(g.draft_model):   # the products drafting ran were the int8 ones
         assert isinstance(b.model.layers[0].mlp.gate_up.projections.parts[0], Int8Weight)
 
