@@ -63,6 +63,19 @@ def test_bf16_inputs_and_the_unpacked_path_agree_with_the_kernel():
     assert packed(x.bfloat16()).dtype == torch.bfloat16
 
 
+def test_a_model_wide_cast_keeps_the_int8_products_bits():
+    """Int8Linear holds one copy of its tensors, and model.to(dtype) leaves its int8 values and fp32 scales as
+    they are (the float parts of the model are cast; the weights these products stand for are not)."""
+    gen = torch.Generator().manual_seed(3)
+    layer = Int8Linear(Int8Weight.quantize(torch.randn(64, 40, generator=gen)))
+    x = torch.randn(3, 40, generator=gen)
+    before = layer(x)
+    layer.to(torch.bfloat16).to("cpu")
+    assert layer.int8.scale.dtype == torch.float32 and layer.int8.q.dtype == torch.int8
+    assert torch.equal(layer(x), before)
+    assert {name for name, _ in layer.named_buffers()} == {"q", "scale_bits"}
+
+
 def test_quantize_replaces_every_bias_free_linear():
     from conftest import tiny_qwen3
 

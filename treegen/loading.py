@@ -7,13 +7,14 @@ import torch
 from safetensors import SafetensorError
 
 from . import validate
+from .engine import int8
 
 DEFAULT_DTYPE = "auto"
 DEFAULT_DEVICE = "auto"
 DEFAULT_ATTN = "sdpa"
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
           "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
-INT8 = "int8"   # weight-only int8 linears (engine/int8.py), the rest in auto's dtype
+INT8 = int8.NAME   # weight-only int8 linears, the rest in auto's dtype
 
 
 class LoadError(RuntimeError):

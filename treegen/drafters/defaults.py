@@ -7,7 +7,7 @@ LOOKUP = False          # any drafter's method: prompt-lookup rounds where the t
 SAMPLE = True           # any drafter's method at T > 0: a chain drawn from the draft laws first (speculative sampling)
 DRAWS = 1               # with `sample`: drawn children at depth 1 (half as many each depth after); 1 = a chain
 DTYPE = "auto"          # any drafter's method: its compute precision; auto = bf16 for an fp32 target on a CPU with
-                        #   native bf16 dot products (3.6x faster matmuls there, docs/methods.md), int8 products on
+                        #   native bf16 dot products (faster matmuls there: docs/ablations/dtype.md), int8 products on
                         #   another CPU (engine/int8.py), else the target's
 DTYPES = ("auto", "fp32", "bf16", "fp16", "int8")
 VOCAB = "auto"          # any drafter's method: the tokens its head scores; auto = the frequent tokens its drafter

@@ -11,14 +11,8 @@ import torch
 from ..engine import kernels
 from ..engine.int8 import Int8Linear
 from ..engine.prefill import input_device
-from ..loading import DTYPES
+from ..loading import DTYPES, native_bf16
 from . import defaults as D
-
-
-def native_bf16() -> bool:
-    """A CPU with bf16 dot-product instructions (AVX512-BF16 or AMX): there bf16 matmuls of a few rows
-    ran 3.6x faster than fp32 (docs/methods.md); without them, slower."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 INT8 = torch.int8   # as a drafter dtype: fp32 weights whose products run in their int8 form (engine/int8.py)

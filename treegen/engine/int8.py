@@ -62,7 +62,7 @@ class Int8Weight:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed and x.device.type == "cpu":
             return kernels.int8_matmul(x.float(), self.q, self.scale).to(x.dtype)
-        return F.linear(x, self.q.to(x.dtype)) * self.scale.to(x.dtype)
+        return F.linear(x, self.plain().to(x.dtype)) * self.scale.to(x.dtype)
 
 
 class Int8Linear(nn.Module):
@@ -71,11 +71,16 @@ class Int8Linear(nn.Module):
 
     def __init__(self, weight: Int8Weight):
         super().__init__()
-        self.int8 = weight
         self.out_features, self.in_features = weight.shape
-        # buffers, so that the module's memory and device show as a Linear's would (the product reads self.int8)
+        self.packed = weight.packed
+        # buffers, the one copy: .to(device) moves them, and the product is built from them on each call; the
+        # fp32 scales kept as their int32 bits, so that a model-wide .to(dtype) cannot round them
         self.register_buffer("q", weight.q, persistent=False)
-        self.register_buffer("scale", weight.scale, persistent=False)
+        self.register_buffer("scale_bits", weight.scale.view(torch.int32), persistent=False)
+
+    @property
+    def int8(self) -> Int8Weight:
+        return Int8Weight(self.q, self.scale_bits.view(torch.float32), self.packed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.int8(x)
@@ -85,7 +90,7 @@ class Int8Linear(nn.Module):
 
 
 def quantize(model) -> int:
-    """On the model's final device: the model's bias-free Linear layers (decoder and lm_head) replaced by Int8Linear, in place; -> how many.
+    """The model's bias-free Linear layers (decoder and lm_head) replaced by Int8Linear, in place; -> how many.
     A tied lm_head gets its own int8 copy: the embedding keeps its float rows (a lookup reads one a token)."""
     count = 0
     for parent in list(model.modules()):
