@@ -226,3 +226,30 @@ def test_rests_only_when_sampling(pair):
             assert calls.count(True) == len(rounds) - 1
         else:
             assert calls.count(False) <= (len(rounds) - 1) // 2
+
+
+def test_a_generators_budget_carries_from_generation_to_generation():
+    """A chat's next turn starts with what `budget: auto` learned so far (calibration, rates, backoff): one
+    budget per sampler, kept by the Generator; a generation that ended resting starts resting."""
+    from treegen import Generator
+
+    g = Generator(target="demo", method="ddtree", drafter="demo/dflash", method_options={"budget": "auto"})
+    first = g.generate("def add(a, b):", max_new_tokens=16)
+    (greedy,) = g.budgets.values()
+    learned = float(greedy.model.drafted.sum())
+    assert learned > 0 and greedy.t_draft is not None
+    again = g.generate("def add(a, b):", max_new_tokens=16)
+    assert again.token_ids == first.token_ids and g.budgets[next(iter(g.budgets))] is greedy
+    assert float(greedy.model.drafted.sum()) > learned * B.FORGET ** 32   # the counts went on, not from zero
+    g.generate("def add(a, b):", max_new_tokens=8, temperature=0.7, seed=1)
+    assert len(g.budgets) == 2 and g.with_method("ddtree", "demo/dflash", {"budget": "auto"}).budgets == {}
+
+
+def test_a_carried_budget_that_was_not_paying_starts_resting():
+    auto = B.AutoBudget(B.VerifyCost((1, 65), (0.010, 0.011)))   # plain: 100 tokens/s
+    for _ in range(B.REST_AFTER):
+        auto.round_done(2, 0.050, drafted=True)                     # 40 tokens/s
+    auto.rest = 0
+    assert auto.next_generation().rest == auto.backoff >= 1
+    greedy = B.AutoBudget(B.VerifyCost((1, 65), (0.010, 0.011)), rests=False)
+    assert greedy.next_generation().rest == 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .drafters import auto_budget, build_drafter
+from .engine.budget import AutoBudget
 from .engine.generate import GenerationConfig, Round, generate
 from .engine.int8 import weight_form
 from .engine.prefill import DEFAULT_CHUNK
@@ -89,6 +90,7 @@ class Generator:
     prefill_chunk: int = DEFAULT_CHUNK   # prompt rows per prefill forward (engine/prefill.py)
     adapt_threads: bool = True           # greedy runs take only the free cores where that keeps the bits
     weights: str = field(init=False, default="")   # what the target's weights are as loaded: int8, bfloat16, ...
+    budgets: dict = field(init=False, default_factory=dict, repr=False)   # `budget: auto`'s state per sampler
 
     def __post_init__(self):
         from .config import resolve_model
@@ -120,7 +122,7 @@ class Generator:
         other.drafter, other.method_options = local_or_shipped(drafter, "drafter"), dict(method_options or {})
         other.method = best_method(other.drafter) if method == "auto" else method
         other.draft_model = build_drafter(other.method, self.model, other.drafter, other.method_options)
-        other.verify_cost = other._verify_cost()
+        other.verify_cost, other.budgets = other._verify_cost(), {}
         return other
 
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -139,9 +141,19 @@ class Generator:
         """Checked by the same definitions as the CLI's flags (treegen.validate); seed -1 or None: random."""
         s = check_sampling({"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k,
                             "top_p": top_p, "min_p": min_p, "seed": seed})
-        return GenerationConfig(s["max_new_tokens"], Sampler(s["temperature"], s["top_k"], s["top_p"], s["min_p"]),
-                                effective_seed(s["seed"]), eos_ids(self.model, self.tokenizer),
-                                context_length(self.model), self.verify_cost, self.prefill_chunk)
+        sampler = Sampler(s["temperature"], s["top_k"], s["top_p"], s["min_p"])
+        return GenerationConfig(s["max_new_tokens"], sampler, effective_seed(s["seed"]),
+                                eos_ids(self.model, self.tokenizer), context_length(self.model), self.verify_cost,
+                                self.prefill_chunk, self._budget(sampler))
+
+    def _budget(self, sampler: Sampler) -> AutoBudget | None:
+        """`budget: auto`: one per sampler, carried from generation to generation (a chat's turns, a bench's
+        prompts), so each starts with what the last ones learned of this drafter and machine."""
+        if self.verify_cost is None:
+            return None
+        if sampler not in self.budgets:
+            self.budgets[sampler] = AutoBudget(self.verify_cost, rests=not sampler.greedy)
+        return self.budgets[sampler]
 
     def stream(self, prompt: str | list[int], *, stop: tuple[str, ...] = (), prefix: PrefixCache | None = None,
                **sampling) -> Iterator[Chunk]:

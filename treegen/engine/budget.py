@@ -5,7 +5,8 @@
                          time for n + 1 rows (as the engine runs it: engine/target.py)
 The forward time per row count is measured once per model, dtype, device and thread count (VerifyCost) and
 cached on disk; a node's acceptance probability (its whole path accepted) is calibrated online from this
-generation's own rounds, with exp(path log-prob) as the prior, i.e. a perfectly calibrated drafter.
+generator's own rounds (carried from generation to generation), with exp(path log-prob) as the prior, i.e. a
+perfectly calibrated drafter.
 The drafter proposes its largest tree; trimming it to a prefix-closed top-n keeps verification exact.
 """
 from __future__ import annotations
@@ -153,7 +154,7 @@ class AcceptanceModel:
 
 
 class AutoBudget:
-    """Per generation: trims each proposed tree to the size with the best expected tokens per second, and
+    """Per generator and sampler (carried from one generation to the next: next_generation): trims each proposed tree to the size with the best expected tokens per second, and
     when drafting rounds have been running slower than plain decoding (the drafter's pass costs more than
     its drafts bring, e.g. sampling from a flat distribution), rests: rounds without drafting, 1, 2, 4 ..
     MAX_REST at a time, trying again after each rest. The drafter still receives every commit. Resting is
@@ -211,6 +212,15 @@ class AutoBudget:
             self.rest, self.backoff = self.backoff, min(2 * self.backoff, MAX_REST)
         else:
             self.rest, self.backoff = 0, 1
+
+    def next_generation(self) -> AutoBudget:
+        """Carried into another generation of the same generator and sampler (a chat's next turn, a bench's
+        next prompt): what it learned (calibration, drafting and overhead times, the drafting rate and its
+        backoff) stays, so the new generation neither re-probes nor re-learns; the round-to-round state goes."""
+        self.rest, self.catching_up, self.verified = 0, False, None
+        if self.rests and self.rounds >= REST_AFTER and self.tokens / self.seconds < REST_MARGIN * self.plain:
+            self.rest = self.backoff   # drafting did not pay when the last generation ended: start resting
+        return self
 
     def resting(self) -> bool:
         """Whether this round skips drafting (plain decoding through the same loop)."""

@@ -38,6 +38,7 @@ class GenerationConfig:
     context_length: int | None = None  # positions the target can attend over; None = unbounded
     verify_cost: VerifyCost | None = None  # set: `budget: auto`, each tree trimmed to its best size here
     prefill_chunk: int = DEFAULT_CHUNK     # prompt rows per prefill forward (engine/prefill.py)
+    budget: AutoBudget | None = None       # with verify_cost: one carried from earlier generations (else a new one)
 
     def __post_init__(self):
         if self.max_new_tokens < 0:
@@ -77,7 +78,9 @@ class _Loop:
         self.tokens = prompt.clone()   # committed ids; the last is the anchor, whose KV is not cached yet
         self.prompt_len = prompt.numel()
         self.auto = None
-        if config.verify_cost is not None:
+        if config.budget is not None:
+            self.auto = config.budget.next_generation()
+        elif config.verify_cost is not None:
             self.auto = AutoBudget(config.verify_cost, rests=not config.sampler.greedy)
         self.t_tree = self.t_mask = self.t_walk = 0.0   # this round's tree build, mask build, verify walk
         self.proposed = True   # whether the drafter ran this round (not resting)
