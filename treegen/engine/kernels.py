@@ -80,12 +80,19 @@ def ops_library() -> ctypes.CDLL | None:
 
 @functools.lru_cache(maxsize=1)
 def int8_library() -> ctypes.CDLL | None:
-    """The built weight-only int8 product (row_int8.c: vectorized with AVX2 and FMA, plain C elsewhere), or
-    None (as library())."""
+    """The built weight-only int8 product (row_int8.c: vectorized with AVX512F or AVX2 and FMA, plain C
+    elsewhere), or None (as library())."""
     lib = build(INT8_SOURCE)
     if lib is not None:
         lib.row_int8_f32.argtypes, lib.row_int8_f32.restype = INT8_ARGS, None
+        lib.row_int8_vectorized.argtypes, lib.row_int8_vectorized.restype = [], ctypes.c_int
     return lib
+
+
+def int8_build() -> str | None:
+    """How the int8 product was built, in words (treegen info); None without it."""
+    lib = int8_library()
+    return None if lib is None else ("plain C", "AVX2+FMA", "AVX512F")[lib.row_int8_vectorized()]
 
 
 def build(path: Path) -> ctypes.CDLL | None:

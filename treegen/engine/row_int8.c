@@ -5,14 +5,79 @@
    x[r, k] into eight accumulators.
    Every output is one accumulator lane that walks k in order, so a row's bits do not depend on how many rows
    the call carries, nor on the thread count (threads split the outputs, not k). A token reads a quarter of
-   the bytes an fp32 weight takes. */
+   the bytes an fp32 weight takes. Three builds of the same sums: AVX512F (16 outputs a register), AVX2+FMA
+   (8), plain C. */
 #include <stdint.h>
 
 #define BLOCKS 4   /* 8-output blocks a register tile holds: a group of 32 outputs */
 #define ROWS 3     /* rows a register tile holds (12 accumulators, 3 broadcasts, 1 weight vector) */
 #define PREFETCH 512   /* bytes ahead of the weight stream a tile asks the cache for */
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* The same sums 16 outputs a register: each output lane still one fp32 FMA chain over k in order, so a row's
+   bits equal the AVX2 path's; wider registers hold more rows a tile, so a tree's rows widen each weight once. */
+#define ROWS16 8   /* rows a tile holds: 16 accumulators, 2 weight vectors, broadcasts from memory */
+
+int row_int8_vectorized(void) { return 2; }
+
+static inline __attribute__((always_inline)) __m512 widen16(const int8_t *w) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)w)));
+}
+
+static inline __attribute__((always_inline)) void tile16(const float *x, int64_t x_stride, int64_t rows,
+                                                         const int8_t *q, int64_t k, int64_t g, const float *scale,
+                                                         float *y, int64_t y_stride, const int rows_const) {
+    __m512 acc[ROWS16][2];
+    const float *xr[ROWS16];
+    for (int r = 0; r < rows_const; ++r) {
+        xr[r] = x + (r < rows ? r : 0) * x_stride;   /* padding rows repeat row 0 */
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    }
+    const int8_t *qg = q + g * k * 32;
+    for (int64_t i = 0; i < k; ++i) {
+        if (!(i & 1)) _mm_prefetch((const char *)(qg + i * 32) + PREFETCH, _MM_HINT_T0);
+        __m512 lo = widen16(qg + i * 32), hi = widen16(qg + i * 32 + 16);
+        for (int r = 0; r < rows_const; ++r) {
+            __m512 xv = _mm512_set1_ps(xr[r][i]);
+            acc[r][0] = _mm512_fmadd_ps(lo, xv, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(hi, xv, acc[r][1]);
+        }
+    }
+    __m512 s0 = _mm512_loadu_ps(scale + g * 32), s1 = _mm512_loadu_ps(scale + g * 32 + 16);
+    for (int r = 0; r < rows_const && r < rows; ++r) {
+        _mm512_storeu_ps(y + r * y_stride + g * 32, _mm512_mul_ps(acc[r][0], s0));
+        _mm512_storeu_ps(y + r * y_stride + g * 32 + 16, _mm512_mul_ps(acc[r][1], s1));
+    }
+}
+
+#define TILE16(ROWS_CONST) tile16(xt, x_stride, left, q, k, g, scale, yt, y_stride, ROWS_CONST)
+
+void row_int8_f32(const float *x, int64_t rows, int64_t x_stride, const int8_t *q, const float *scale, int64_t n,
+                  int64_t k, float *y, int64_t y_stride, int threads) {
+    int64_t groups = n / 32;
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")
+    for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t r = 0; r < rows; r += ROWS16) {
+            int64_t left = rows - r < ROWS16 ? rows - r : ROWS16;
+            const float *xt = x + r * x_stride;
+            float *yt = y + r * y_stride;
+            switch (left) {   /* a constant row count per call: the tile's loops unroll into registers */
+                case 1: TILE16(1); break;
+                case 2: TILE16(2); break;
+                case 3: TILE16(3); break;
+                case 4: TILE16(4); break;
+                case 5: TILE16(5); break;
+                case 6: TILE16(6); break;
+                case 7: TILE16(7); break;
+                default: TILE16(ROWS16);
+            }
+        }
+    }
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
 int row_int8_vectorized(void) { return 1; }
