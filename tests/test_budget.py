@@ -253,3 +253,18 @@ def test_a_carried_budget_that_was_not_paying_starts_resting():
     assert auto.next_generation().rest == auto.backoff >= 1
     greedy = B.AutoBudget(B.VerifyCost((1, 65), (0.010, 0.011)), rests=False)
     assert greedy.next_generation().rest == 0
+
+
+def test_plain_speed_is_measured_in_resting_rounds():
+    """Resting rounds are plain decoding as this machine runs it: their measured speed, not the cost table's
+    one-row forward, is what drafting rounds are held against."""
+    auto = B.AutoBudget(B.VerifyCost((1, 65), (0.010, 0.011)))   # the table says plain is 100 tokens/s
+    for _ in range(B.REST_AFTER):
+        auto.round_done(2, 0.050, drafted=True)                     # 40 tokens/s: rest
+    assert auto.rest
+    while auto.resting():
+        auto.round_done(1, 0.040, drafted=False)                    # but plain rounds here run at 25 tokens/s
+    assert auto.plain == pytest.approx(25.0)
+    auto.round_done(2, 0.080, drafted=True)                         # the catch-up round
+    auto.round_done(2, 0.050, drafted=True)
+    assert auto.rest == 0                                           # 40 tokens/s pays against 25

@@ -172,7 +172,8 @@ class AutoBudget:
         self.tokens = self.seconds = 0.0   # running means over drafting rounds
         self.rounds = 0
         self.chosen: deque[int] = deque(maxlen=CAP_WINDOW)   # sizes kept by the last rounds' trims
-        self.plain = 1.0 / float(cost(torch.ones(1))[0])   # tokens/s of plain decoding: one token a one-row forward
+        self.one_row = float(cost(torch.ones(1))[0])   # seconds of a one-row forward
+        self.plain_seconds: float | None = None   # running mean of resting rounds' seconds (plain decoding here)
 
     def choose(self, scores: torch.Tensor, expected: float = 1.0, rows: int = 0) -> int:
         """How many of the nodes (scores sorted best first) to verify, beside `rows` nodes kept already that
@@ -193,7 +194,9 @@ class AutoBudget:
         """After each round (drafted: the drafter ran, whatever the trim kept): the running tokens/s of
         drafting rounds against one token per one-row forward; below REST_MARGIN of it, rest (longer each
         time it stays below, back to 1 once drafting pays)."""
-        if not drafted:   # a resting round: the next drafting round is the catch-up
+        if not drafted:   # a resting round (plain decoding, measured); the next drafting round is the catch-up
+            last = self.plain_seconds
+            self.plain_seconds = seconds if last is None else last + REST_WINDOW * (seconds - last)
             return
         if self.verified is not None and not self.catching_up:   # the rest of the round: what no size changes
             other = seconds - (self.t_draft or 0.0) - float(self.cost(torch.tensor([self.verified + 1]))[0])
@@ -221,6 +224,12 @@ class AutoBudget:
         if self.rests and self.rounds >= REST_AFTER and self.tokens / self.seconds < REST_MARGIN * self.plain:
             self.rest = self.backoff   # drafting did not pay when the last generation ended: start resting
         return self
+
+    @property
+    def plain(self) -> float:
+        """Tokens/s of plain decoding here: measured in resting rounds once there were some, else a one-row
+        forward plus the round's other work (what a drafting round spends besides drafting and its forward)."""
+        return 1.0 / (self.plain_seconds if self.plain_seconds is not None else self.one_row + self.overhead)
 
     def resting(self) -> bool:
         """Whether this round skips drafting (plain decoding through the same loop)."""
