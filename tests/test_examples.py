@@ -40,3 +40,9 @@ def test_stdout_does_not_start_with_blank_lines():
     first = [line for line in chat.output.splitlines() if not line.startswith("treegen")]
     if first and not first[0].strip():
         pytest.xfail("chat prints blank lines before the first reply (reported to chat.py's owner)")
+
+
+def test_an_example_marked_any_is_compared_exactly_on_every_cpu():
+    listing = next(e for e in ALL if e.cpu == E.ANY)
+    assert E.matches(listing, listing.output)
+    assert not E.matches(listing, listing.output + "\nsomething else")

@@ -15,7 +15,7 @@ Timings differ from run to run: on a line that speaks of time, numbers are compa
 `cpu` names the kind of CPU the output was written on (its vector instructions, and native bf16): `--dtype
 auto` loads other weights on another kind, and its kernels sum in another order, so a model's text is the
 same run after run on one kind, not across kinds. On another kind an example must run and print, not the
-same text.
+same text; `cpu=any` marks an output no model computes (a listing, a usage error), the same text everywhere.
 """
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ class Example:
     output: str
     needs: str | None
     cpu: str | None = None   # the kind of CPU that wrote the output
+
+
+ANY = "any"   # an example's output that does not depend on the CPU (a listing, a usage error): exact everywhere
 
 
 def cpu_kind() -> str:
@@ -110,8 +113,9 @@ def same(documented: str, actual: str) -> bool:
 
 
 def matches(example: Example, actual: str) -> bool:
-    """The same output on the kind of CPU that wrote it; on another, some output and no traceback."""
-    if example.cpu == cpu_kind():
+    """The same output on the kind of CPU that wrote it (`cpu=any`: on every kind, an output no model's
+    arithmetic writes); on another, some output and no traceback."""
+    if example.cpu in (cpu_kind(), ANY):
         return same(example.output, actual)
     return bool(actual.strip()) and "Traceback" not in actual
 
@@ -136,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             actual = run(command)
             if not matches(example, actual):
                 failed.append(f"{name}: {command}")
-            return marker(example.needs, cpu_kind()) + block(command, actual) + m.group(4)
+            kind = ANY if example.cpu == ANY else cpu_kind()
+            return marker(example.needs, kind) + block(command, actual) + m.group(4)
 
         new = EXAMPLE.sub(refresh, text)
         if not check and new != text:
