@@ -152,7 +152,7 @@ class Generator:
         if self.verify_cost is None:
             return None
         if sampler not in self.budgets:
-            self.budgets[sampler] = AutoBudget(self.verify_cost, rests=not sampler.greedy)
+            self.budgets[sampler] = AutoBudget.for_sampler(self.verify_cost, sampler)
         return self.budgets[sampler]
 
     def stream(self, prompt: str | list[int], *, stop: tuple[str, ...] = (), prefix: PrefixCache | None = None,

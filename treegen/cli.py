@@ -380,7 +380,7 @@ def info():
             ("transformers", transformers.__version__), ("cuda device", cuda),
             # what --dtype auto loads here, and whether --dtype int8 has its compiled product
             ("dtype auto", auto_weights(resolve_device("auto"))),
-            ("int8 product", f"compiled (row_int8.c, {kernels.int8_build()})" if kernels.int8_build()
+            ("int8 product", f"compiled (row_int8.c, {build})" if (build := kernels.int8_build())
              else "torch (no C compiler found)"),
             ("demo target", _present(DEMO_TARGET)), ("demo drafter", _present(DEMO_DRAFTER)),
             ("smollm2", f"{gguf} (installed)" if gguf else f"not installed ({SMOLLM2_INSTALL})"),

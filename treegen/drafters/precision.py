@@ -14,7 +14,6 @@ from ..engine.prefill import input_device
 from ..loading import DTYPES, native_bf16
 from . import defaults as D
 
-
 INT8 = torch.int8   # as a drafter dtype: fp32 weights whose products run in their int8 form (engine/int8.py)
 
 

@@ -154,9 +154,10 @@ class AcceptanceModel:
 
 
 class AutoBudget:
-    """Per generator and sampler (carried from one generation to the next: next_generation): trims each proposed tree to the size with the best expected tokens per second, and
-    when drafting rounds have been running slower than plain decoding (the drafter's pass costs more than
-    its drafts bring, e.g. sampling from a flat distribution), rests: rounds without drafting, 1, 2, 4 ..
+    """Per generator and sampler (carried from one generation to the next: next_generation): trims each
+    proposed tree to the size with the best expected tokens per second, and when drafting rounds have been
+    running slower than plain decoding (the drafter's pass costs more than its drafts bring, e.g. sampling
+    from a flat distribution), rests: rounds without drafting, 1, 2, 4 ..
     MAX_REST at a time, trying again after each rest. The drafter still receives every commit. Resting is
     for sampling only: at T=0 on a CPU it cost 10-20% (a prompt's slow stretches are short); at T=1 it is
     what keeps the auto presets near plain decoding (docs/benchmarks.md)."""
@@ -175,6 +176,11 @@ class AutoBudget:
         self.one_row = float(cost(torch.ones(1))[0])   # seconds of a one-row forward
         self.plain_seconds: float | None = None   # running mean of resting rounds' seconds (plain decoding here)
 
+    @classmethod
+    def for_sampler(cls, cost: VerifyCost, sampler) -> AutoBudget:
+        """A new budget for generations with this sampler: it rests when sampling only (see above)."""
+        return cls(cost, rests=not sampler.greedy)
+
     def choose(self, scores: torch.Tensor, expected: float = 1.0, rows: int = 0) -> int:
         """How many of the nodes (scores sorted best first) to verify, beside `rows` nodes kept already that
         bring `expected` tokens a round (the bonus token included)."""
@@ -192,7 +198,7 @@ class AutoBudget:
 
     def round_done(self, tokens: int, seconds: float, drafted: bool) -> None:
         """After each round (drafted: the drafter ran, whatever the trim kept): the running tokens/s of
-        drafting rounds against one token per one-row forward; below REST_MARGIN of it, rest (longer each
+        drafting rounds against plain decoding's (`plain`); below REST_MARGIN of it, rest (longer each
         time it stays below, back to 1 once drafting pays)."""
         if not drafted:   # a resting round (plain decoding, measured); the next drafting round is the catch-up
             last = self.plain_seconds
@@ -211,7 +217,7 @@ class AutoBudget:
         self.tokens += w * (tokens - self.tokens)
         self.seconds += w * (seconds - self.seconds)
         self.rounds += 1
-        if self.rounds >= REST_AFTER and self.tokens / self.seconds < REST_MARGIN * self.plain:
+        if self.not_paying():
             self.rest, self.backoff = self.backoff, min(2 * self.backoff, MAX_REST)
         else:
             self.rest, self.backoff = 0, 1
@@ -221,9 +227,13 @@ class AutoBudget:
         next prompt): what it learned (calibration, drafting and overhead times, the drafting rate and its
         backoff) stays, so the new generation neither re-probes nor re-learns; the round-to-round state goes."""
         self.rest, self.catching_up, self.verified = 0, False, None
-        if self.rests and self.rounds >= REST_AFTER and self.tokens / self.seconds < REST_MARGIN * self.plain:
+        if self.rests and self.not_paying():
             self.rest = self.backoff   # drafting did not pay when the last generation ended: start resting
         return self
+
+    def not_paying(self) -> bool:
+        """Enough drafting rounds seen, and their running rate below REST_MARGIN of plain decoding's."""
+        return self.rounds >= REST_AFTER and self.tokens / self.seconds < REST_MARGIN * self.plain
 
     @property
     def plain(self) -> float:

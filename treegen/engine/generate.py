@@ -81,7 +81,7 @@ class _Loop:
         if config.budget is not None:
             self.auto = config.budget.next_generation()
         elif config.verify_cost is not None:
-            self.auto = AutoBudget(config.verify_cost, rests=not config.sampler.greedy)
+            self.auto = AutoBudget.for_sampler(config.verify_cost, config.sampler)
         self.t_tree = self.t_mask = self.t_walk = 0.0   # this round's tree build, mask build, verify walk
         self.proposed = True   # whether the drafter ran this round (not resting)
         self.way: str | None = None
