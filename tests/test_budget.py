@@ -35,6 +35,21 @@ def test_select_is_prefix_closed():
     assert sub.depth.tolist() == [1, 1, 2] and sub.scores.tolist() == pytest.approx([-0.1, -0.2, -0.3])
 
 
+def test_select_on_host_equals_the_tensor_path():
+    """A CPU tree is selected node by node in Python (cheaper for a few dozen nodes); an accelerator's with
+    tensor ops. Both keep the same nodes, renumbered alike, on random trees and random picks."""
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 2, 5, 17, 64):
+        parents = [-1] + [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(1, n)]
+        tree = DraftTree(torch.randint(100, (n,), generator=gen), torch.tensor(parents),
+                         scores=-torch.rand(n, generator=gen), law=torch.full((n,), -1))
+        for _ in range(5):
+            keep = torch.rand(n, generator=gen) < 0.3
+            host, device = tree.select(keep), tree._select_on_device(keep)
+            for field in ("tokens", "parents", "depth", "scores", "law"):
+                assert torch.equal(getattr(host, field), getattr(device, field)), field
+
+
 def test_choice_follows_the_hardware():
     scores = torch.log(torch.linspace(0.9, 0.05, 64))  # sorted best first
     flat, steep = B.AutoBudget(FLAT), B.AutoBudget(STEEP)

@@ -90,7 +90,8 @@ class DFlashBlock:
         device, past, fc = self.device, self.cache.length, self.model.fc.weight
         new = self.pending if self.pending is not None else fc.new_zeros(0, fc.shape[1])
         start = past + new.shape[0]  # the anchor's position: context is every committed token before it
-        block_pos = torch.arange(start, start + length, device=device).repeat(n)[None]
+        block_pos = torch.arange(start, start + length, device=device)
+        block_pos = (block_pos.repeat(n) if n > 1 else block_pos)[None]
         ctx_pos = torch.arange(past, start, device=device)[None]
         ctx = self.model.project_context(new.to(device=device, dtype=fc.dtype))[None]
         mask = None

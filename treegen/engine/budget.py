@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import kernels
@@ -41,15 +42,16 @@ class VerifyCost:
     rows: tuple[int, ...]
     seconds: tuple[float, ...]
 
-    def __post_init__(self):   # the table as tensors once: the trim reads it every round
-        object.__setattr__(self, "xs", torch.tensor(self.rows, dtype=torch.float))
-        object.__setattr__(self, "ys", torch.tensor(self.seconds, dtype=torch.float))
+    def __post_init__(self):   # the table as arrays once: the trim reads it every round
+        object.__setattr__(self, "xs", np.array(self.rows, dtype=np.float32))
+        object.__setattr__(self, "ys", np.array(self.seconds, dtype=np.float32))
 
-    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
-        """Piecewise-linear in the row count; linear extrapolation past the last measurement."""
+    def __call__(self, rows) -> np.ndarray:
+        """Piecewise-linear in the row counts (an array or tensor); linear extrapolation past the last
+        measurement. NumPy: the trim calls it every round, and torch's per-op cost is most of a small op's."""
         xs, ys = self.xs, self.ys
-        rows = rows.float().clamp(min=xs[0])
-        i = torch.searchsorted(xs, rows).clamp(1, len(xs) - 1)
+        rows = np.maximum(np.asarray(rows, dtype=np.float32), xs[0])
+        i = np.clip(np.searchsorted(xs, rows), 1, len(xs) - 1)
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (rows - x0) * (y1 - y0) / (x1 - x0)
 
@@ -133,24 +135,32 @@ class AcceptanceModel:
 
     def __init__(self):
         bins = int(-SCORE_FLOOR / BIN_WIDTH) + 1
-        centers = -(torch.arange(bins, dtype=torch.float) + 0.5) * BIN_WIDTH
-        self.prior = centers.exp()
-        self.drafted = torch.zeros(bins)
-        self.accepted = torch.zeros(bins)
+        centers = -(np.arange(bins, dtype=np.float32) + 0.5) * BIN_WIDTH
+        self.prior = np.exp(centers)
+        self.drafted = np.zeros(bins, dtype=np.float32)
+        self.accepted = np.zeros(bins, dtype=np.float32)
 
-    def bins(self, scores: torch.Tensor) -> torch.Tensor:
-        return (-scores.float().cpu() / BIN_WIDTH).clamp(0, len(self.prior) - 1).long()
+    def bins(self, scores) -> np.ndarray:
+        """scores: host values (an array, or a CPU tensor)."""
+        return np.clip(-host(scores) / BIN_WIDTH, 0, len(self.prior) - 1).astype(np.int64)
 
-    def probability(self, scores: torch.Tensor) -> torch.Tensor:
+    def probability(self, scores) -> np.ndarray:
         b = self.bins(scores)
         return (self.accepted[b] + PRIOR_WEIGHT * self.prior[b]) / (self.drafted[b] + PRIOR_WEIGHT)
 
-    def observe(self, scores: torch.Tensor, accepted: torch.Tensor) -> None:
-        self.drafted.mul_(FORGET)
-        self.accepted.mul_(FORGET)
+    def observe(self, scores, accepted) -> None:
+        self.drafted *= FORGET
+        self.accepted *= FORGET
         b = self.bins(scores)
-        self.drafted.index_add_(0, b, torch.ones(len(b)))
-        self.accepted.index_add_(0, b, accepted.float().cpu())
+        np.add.at(self.drafted, b, 1.0)
+        np.add.at(self.accepted, b, host(accepted))
+
+
+def host(values) -> np.ndarray:
+    """fp32 host values of a tensor (any device) or an array."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().float().cpu().numpy()
+    return np.asarray(values, dtype=np.float32)
 
 
 class AutoBudget:
@@ -184,8 +194,9 @@ class AutoBudget:
     def choose(self, scores: torch.Tensor, expected: float = 1.0, rows: int = 0) -> int:
         """How many of the nodes (scores sorted best first) to verify, beside `rows` nodes kept already that
         bring `expected` tokens a round (the bonus token included)."""
-        gains = expected + torch.cat([torch.zeros(1), self.model.probability(scores).cumsum(0)])
-        seconds = (self.t_draft or 0.0) + self.overhead + self.cost(rows + torch.arange(len(scores) + 1) + 1)
+        accepted = self.model.probability(scores).cumsum()
+        gains = np.float32(expected) + np.concatenate([np.zeros(1, np.float32), accepted])
+        seconds = (self.t_draft or 0.0) + self.overhead + self.cost(rows + np.arange(len(scores) + 1) + 1)
         return int((gains / seconds).argmax())
 
     def cap(self) -> int | None:
@@ -205,7 +216,7 @@ class AutoBudget:
             self.plain_seconds = seconds if last is None else last + REST_WINDOW * (seconds - last)
             return
         if self.verified is not None and not self.catching_up:   # the rest of the round: what no size changes
-            other = seconds - (self.t_draft or 0.0) - float(self.cost(torch.tensor([self.verified + 1]))[0])
+            other = seconds - (self.t_draft or 0.0) - float(self.cost([self.verified + 1])[0])
             self.overhead = max(0.0, self.overhead + 0.2 * (other - self.overhead))
         self.verified = None
         if self.catching_up:
@@ -260,13 +271,14 @@ class AutoBudget:
         if tree.drawn:
             return self.trim_drawn(tree, shape)
         # stable: on equal scores the lower index (a parent before its child) comes first
-        scores, order = torch.sort(tree.scores.float().cpu(), descending=True, stable=True)
-        keep = torch.zeros(len(tree), dtype=torch.bool)
-        size = self.choose(scores)
+        scores = host(tree.scores)
+        order = np.argsort(-scores, kind="stable")
+        size = self.choose(scores[order])
         self.chosen.append(size)
         self.verified = size
+        keep = np.zeros(len(tree), dtype=bool)
         keep[order[:size]] = True
-        return tree.select(keep.to(tree.tokens.device))
+        return tree.select(torch.from_numpy(keep).to(tree.tokens.device))
 
     def trim_drawn(self, tree: DraftTree, shape: str = "chain") -> DraftTree:
         """A tree with drawn nodes (T > 0). Whether a drawn node is verified must not depend on which token
@@ -280,7 +292,7 @@ class AutoBudget:
         # depth 1's draws: their count depends on the context alone (deeper laws may depend on the draws)
         first = int((drawn & (depth == 1)).sum())
         nominal = torch.tensor([0, *nominal_counts(first, max_l, shape)]).cumsum(0)
-        length = int((expected / ((self.t_draft or 0.0) + self.cost(nominal + 1))).argmax())
+        length = int((expected / ((self.t_draft or 0.0) + torch.from_numpy(self.cost(nominal + 1)))).argmax())
         keep = drawn & (depth <= length)
         under = drawn_depth_above(tree.parents.tolist(), torch.where(drawn, depth, 0).tolist())
         det = ((~drawn) & (under <= length)).nonzero().flatten()
@@ -292,13 +304,13 @@ class AutoBudget:
     def observe(self, tree: DraftTree, path: list[int]) -> None:
         if tree.scores is None or len(tree) == 0:
             return
-        accepted = torch.zeros(len(tree), dtype=torch.bool)
-        accepted[path] = True
+        accepted = np.zeros(len(tree), dtype=np.float32)
+        accepted[path] = 1.0
         if not tree.drawn:
             self.model.observe(tree.scores, accepted)
             return
-        drawn = tree.law.cpu() >= 0
-        self.model.observe(tree.scores.cpu()[~drawn], accepted[~drawn])
+        drawn = (tree.law >= 0).cpu().numpy()
+        self.model.observe(host(tree.scores)[~drawn], accepted[~drawn])
         self.depths.observe(tree, path)
 
 

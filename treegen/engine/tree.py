@@ -103,6 +103,11 @@ class DraftTree:
 
     def select(self, keep: torch.Tensor) -> DraftTree:
         """The nodes where keep [n] bool is set, plus any ancestor of theirs that is not, renumbered."""
+        if self.tokens.device.type == "cpu":
+            return self._select_on_host(keep.tolist())
+        return self._select_on_device(keep)
+
+    def _select_on_device(self, keep: torch.Tensor) -> DraftTree:
         keep = keep.clone()
         for _ in range(int(self.depth.max()) if len(self) else 0):  # close upwards, one level a step
             parents = self.parents[keep & (self.parents >= 0)]
@@ -117,6 +122,24 @@ class DraftTree:
         scores = None if self.scores is None else self.scores[idx]
         law = None if self.law is None else self.law[idx]
         return DraftTree(self.tokens[idx], parents, self.depth[idx], scores, self.q, law)
+
+
+    def _select_on_host(self, keep: list[bool]) -> DraftTree:
+        """select() for a tree in host memory: a few dozen nodes walked in Python cost less than a dozen
+        tensor ops. Children come after their parents, so one backward pass closes `keep` upwards."""
+        parents = self.parents.tolist()
+        for i in range(len(parents) - 1, -1, -1):
+            if keep[i] and parents[i] >= 0:
+                keep[parents[i]] = True
+        kept = [i for i, k in enumerate(keep) if k]
+        if len(kept) == len(parents):
+            return self
+        new = {old: n for n, old in enumerate(kept)}
+        idx = torch.tensor(kept, dtype=torch.long)
+        scores = None if self.scores is None else self.scores[idx]
+        law = None if self.law is None else self.law[idx]
+        return DraftTree(self.tokens[idx], torch.tensor([new.get(parents[i], -1) for i in kept], dtype=torch.long),
+                         self.depth[idx], scores, self.q, law)
 
 
 def widths(draws: int, depth: int) -> list[int]:

@@ -137,6 +137,18 @@ class ContextKV:
         self.lengths[layer] = ctx_end
         return keys[..., :end, :], values[..., :end, :]
 
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, new_context: int):
+        """k / v [1, rows, KV, D]: the new context's rows then the block's, written after the cached context
+        (the block's to be overwritten next round) -> the layer's key and value buffers [1, KV, capacity, D]."""
+        start = self.lengths[layer]
+        end = start + k.shape[1]
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        keys = self.keys[layer] = room(self.keys[layer], k, start, end)
+        values = self.values[layer] = room(self.values[layer], v, start, end)
+        keys[..., start:end, :], values[..., start:end, :] = k, v
+        self.lengths[layer] = start + new_context
+        return keys, values
+
 
 class Attention(nn.Module):
     def __init__(self, c: DFlashConfig):
@@ -194,6 +206,40 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask,
                                              enable_gqa=self.heads != self.kv_heads)
         return self.out(out.transpose(1, 2).reshape(1, q_len, -1))[0]
+
+
+    def lean(self, h: torch.Tensor, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: ContextKV,
+             layer: int) -> torch.Tensor:
+        """drafting() in fewer, compiled steps (DFlashDrafter.lean_pass): the new context's and the block's rows
+        in one q/k/v product where the context is short, k's norm and rotary embedding one call over all of
+        them, written straight into the cache, and the block's attention by the compiled kernel (every block
+        row sees the whole context and the whole block). cos / sin [context rows + block rows, D]."""
+        c, n, d = ctx.shape[1], h.shape[1], self.head_dim
+        if c <= n:   # a round's few new context rows: one call (their q is computed and dropped)
+            q, k, v = self.qkv(torch.cat([ctx, h], dim=1) if c else h)
+            q = q[:, c:]
+        else:        # the prompt's rows on the first round: no q for them
+            q, k_blk, v_blk = self.qkv(h)
+            k_ctx, v_ctx = self.kv(ctx)
+            k, v = torch.cat([k_ctx, k_blk], dim=1), torch.cat([v_ctx, v_blk], dim=1)
+        q = kernels.rms_norm(q.reshape(1, n, self.heads, d), self.q_norm.weight, self.q_norm.eps)
+        k = kernels.rms_norm(k.reshape(1, c + n, self.kv_heads, d), self.k_norm.weight, self.k_norm.eps)
+        q, k = kernels.rope_(q, cos[c:], sin[c:]), kernels.rope_(k, cos, sin)
+        keys, values = cache.write(layer, k, v.reshape(1, c + n, self.kv_heads, d), c)
+        past = cache.lengths[layer]
+        own, count = block_rows(n)
+        out = kernels.attend(q[0].transpose(0, 1), keys[0], values[0], past, own, count, d ** -0.5)
+        return self.out(out.view(1, n, -1).to(h.dtype))[0]
+
+
+_BLOCK_ROWS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def block_rows(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compiled attention's per-row key lists for a block that sees itself whole: every row, rows 0..n-1."""
+    if n not in _BLOCK_ROWS:
+        _BLOCK_ROWS[n] = torch.arange(n).repeat(n, 1).contiguous(), torch.full((n,), n, dtype=torch.long)
+    return _BLOCK_ROWS[n]
 
 
 class MLP(nn.Module):
@@ -258,8 +304,27 @@ class DFlashDrafter(nn.Module):
         mask: None (every query sees all keys) or bool/additive [b, 1, Q, C_total + Q].
         normed=False returns the states before the final norm (heads such as TreeFlash's add to them first).
         """
+        if mask is None and cache is not None and self.lean_usable(block):
+            return self.lean_pass(block, block_pos, ctx, ctx_pos, cache, normed)
         rope_x, rope_ctx = self.rotary(block_pos, block.dtype), self.rotary(ctx_pos, block.dtype)
         x = block
         for i, layer in enumerate(self.layers):
             x = layer(x, ctx, rope_x, rope_ctx, cache, i, mask)
+        return self.norm(x) if normed else x
+
+    def lean_usable(self, block: torch.Tensor) -> bool:
+        """Drafting one block on a CPU where the compiled norms, rotary embedding and attention all serve."""
+        c = self.config
+        return lean(block, c.head_dim) and kernels.usable(block, c.head_dim) \
+            and kernels.ops_usable(block, c.hidden_size) and block.dtype == self.fc.weight.dtype
+
+    def lean_pass(self, block, block_pos, ctx, ctx_pos, cache: ContextKV, normed: bool) -> torch.Tensor:
+        """forward() for drafting (lean_usable): Attention.lean per layer. Drafts only propose, so its bits
+        need not be forward()'s (tests/test_dflash_lean.py holds the two close)."""
+        positions = torch.cat([ctx_pos, block_pos], dim=-1)
+        cos, sin = (t.reshape(positions.shape[-1], -1) for t in self.rotary(positions, block.dtype))
+        x = block
+        for i, layer in enumerate(self.layers):
+            x = x + layer.self_attn.lean(layer.input_layernorm(x), ctx, cos, sin, cache, i)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x) if normed else x
