@@ -24,8 +24,10 @@ class DDTreeDrafter(BlockDrafter):
         self.top_k = top_k or budget  # no node can rank below `budget` among its siblings
 
     def tree(self, logp: torch.Tensor) -> DraftTree:
+        if self.law is None:   # no node of `nodes` ranks lower among its siblings, nor lies deeper
+            nodes = self.nodes
+            top = torch.topk(logp[:nodes], min(self.top_k, nodes, logp.shape[-1]), dim=-1)
+            return marginal_tree(top.values, top.indices, nodes)
         top = torch.topk(logp, min(self.top_k, logp.shape[-1]), dim=-1)
-        if self.law is None:
-            return marginal_tree(top.values, top.indices, self.nodes)
         spine = marginal_spine(logp, self.law, self.draws, self.budget, self.draw_shape)
         return with_spine(spine, marginal_tree(top.values, top.indices, max(self.budget - len(spine), 1)))

@@ -326,7 +326,8 @@ class TreeFlashDrafter(BlockDrafter):
             top = torch.log_softmax(logits / t, dim=-1).topk(self.top_k, dim=-1)
             return top.values, top.indices
         # the support keeps the marginal's share of the mass: log P(S) - logsumexp over S of the conditional
-        share = torch.log_softmax(marginal.logits / t, dim=-1).gather(1, scored.columns).logsumexp(-1)
+        scaled = marginal.logits if t == 1.0 else marginal.logits / t
+        share = scaled.gather(1, scored.columns).logsumexp(-1) - scaled.logsumexp(-1)
         logp = (logits / t).log_softmax(-1) + share[:, None, None]
         top = logp.topk(self.top_k, dim=-1)
         return top.values, support[:, None, :].expand_as(logits).gather(2, top.indices)
