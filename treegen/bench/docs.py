@@ -52,9 +52,14 @@ class Data:
         """Files no page shows: bench JSON in no table or ablation, other JSON not the newest side-by-side record
         of a pair with tables."""
         benches = {b.name for b in self.benches} - P.used_files(self.benches, self.tables, self.pages)
-        pairs = {key[0] for key in self.tables}
-        shown = {next(s for s in self.side if s.pair == pair).name for pair in pairs & {s.pair for s in self.side}}
+        shown = {s.name for pair in {key[0] for key in self.tables} for s in self.side_of(pair)}
         return sorted(benches | (P.other_json(self.folder, self.benches) - shown))
+
+    def side_of(self, pair: str | None) -> list[P.SideBySide]:
+        """The pair's side-by-side records of the newest day (one per weight form treegen ran in)."""
+        records = [s for s in self.side if s.pair == pair]
+        day = records[0].data.get("date", "")[:10] if records else None
+        return [s for s in records if s.data.get("date", "")[:10] == day]
 
 
 # ---- values from the repository's own files (the shipped models' configs, training records, weights) --------
@@ -178,7 +183,6 @@ def side_by_side(s: P.SideBySide, prefix: str) -> str:
              f"{1 / ratio:.2f}x"]]
     machine = d.get("machine", {})
     return "\n".join([
-        "### llama.cpp side by side", "",
         (f"Plain decoding of {d['gguf']} on {d['threads']} threads: treegen's `ar` is "
          + (f"{ratio:.1f}x behind llama.cpp." if ratio >= 1 else f"{1 / ratio:.1f}x ahead of llama.cpp.")), "",
         md_table(["engine", "weights", "tok/s", "vs llama.cpp"], body), "",
@@ -200,9 +204,11 @@ def current_tables(data: Data, _arg: str | None, prefix: str) -> str:
 
 
 def pair_side(data: Data, pair: str | None, prefix: str) -> list[str]:
-    """The newest side-by-side record of the pair, after its tables."""
-    record = next((s for s in data.side if s.pair == pair), None)
-    return [side_by_side(record, prefix), ""] if record else []
+    """The pair's newest side-by-side records (every one of the newest day: treegen's weight forms), after its
+    tables."""
+    newest = data.side_of(pair)
+    return ["### llama.cpp side by side", "", *(part for s in newest for part in (side_by_side(s, prefix), ""))] \
+        if newest else []
 
 
 def ablation_index(data: Data, _arg: str | None, _prefix: str) -> str:

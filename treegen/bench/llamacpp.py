@@ -193,11 +193,15 @@ def treegen_numbers(bench: dict) -> dict:
 
 
 def treegen_dtype(dtype: str) -> str:
-    """The precision treegen loads the target's weights in for --dtype (auto: what this CPU multiplies)."""
+    """The form treegen loads the target's weights in for --dtype (auto: what this CPU multiplies): int8 for
+    int8 linear layers (whatever dtype the rest computes in), else the float dtype."""
     try:
-        from ..loading import resolve_device, resolve_dtype
+        from ..loading import INT8, int8_weights, resolve_device, resolve_dtype
 
-        return str(resolve_dtype(dtype, resolve_device("cpu"))).removeprefix("torch.")
+        device = resolve_device("cpu")
+        if int8_weights(dtype, device):
+            return INT8
+        return str(resolve_dtype(dtype, device)).removeprefix("torch.")
     except (ImportError, RuntimeError, AttributeError):   # the record keeps the option as given
         return dtype
 
