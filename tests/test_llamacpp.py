@@ -124,7 +124,7 @@ def test_the_record_shows_on_the_benchmarks_page(tmp_path):
     (folder / P.MANIFEST).write_text("side_by_side: [llamacpp-*.json]\n")
     data = D.Data(tmp_path)
     assert [s.name for s in data.side] == ["llamacpp-smollm2.json"]
-    table = D.side_by_side(data.side[0], "")
+    table = "\n".join(D.pair_side(data, "smollm2", ""))
     assert "### llama.cpp side by side" in table and "0c1e570" in table and "bfloat16" in table
     assert "python -m treegen.bench.llamacpp --threads 2" in table
     assert data.unused() == ["llamacpp-smollm2.json", "stray-llamacpp.json"]   # no SmolLM2 table to follow
@@ -136,3 +136,26 @@ def test_the_record_shows_on_the_benchmarks_page(tmp_path):
     assert data.unused() == ["stray-llamacpp.json"]      # a record no page shows is reported
     page = D.current_tables(data, None, "")
     assert page.index("## The SmolLM2 pair") < page.index("### chat, T=0") < page.index("### llama.cpp side by side")
+
+
+def test_the_newest_days_records_show_together(tmp_path):
+    """One run per weight form (`--dtype int8 --out ...`): every record of the newest day shows after the pair's
+    tables, each naming treegen's weight form; an older day's record is superseded."""
+    folder = tmp_path / "docs" / "benchmarks"
+    L.write(make_record(tmp_path), folder / "llamacpp-smollm2.json")
+    L.write(make_record(tmp_path, dtype="int8", date="2026-12-03T19:00:00+00:00"), folder / "llamacpp-smollm2-int8.json")
+    L.write(make_record(tmp_path, date="2026-12-01T10:00:00+00:00"), folder / "llamacpp-smollm2-old.json")
+    (folder / P.MANIFEST).write_text("side_by_side: [llamacpp-*.json]\n")
+    (folder / "smollm2-chat-t0.json").write_text(json.dumps(
+        {"date": "2026-12-03", "target": "/x/SmolLM2-135M-Instruct.Q4_1.gguf", "prompts_source": "chat",
+         "temperature": 0.0, "methods": {"ar": {"method": "ar", "preset": None, "tokens_per_second": 20.0,
+                                                "speedup_vs_ar": {"median": 1.0}}}}))
+    data = D.Data(tmp_path)
+    table = "\n".join(D.pair_side(data, "smollm2", ""))
+    assert table.count("### llama.cpp side by side") == 1 and "| int8 |" in table and "| bfloat16 |" in table
+    assert data.unused() == ["llamacpp-smollm2-old.json"]
+
+
+def test_int8_weights_are_named_so():
+    assert L.treegen_dtype("int8") == "int8"
+    assert L.treegen_dtype("fp32") == "float32"
