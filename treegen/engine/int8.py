@@ -23,6 +23,7 @@ class Int8Weight:
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, packed: bool):
         self.q, self.scale, self.packed = q, scale, packed
+        self.bound = None   # the kernel bound to this weight, made on its first CPU call
 
     @classmethod
     def quantize(cls, weight: torch.Tensor) -> Int8Weight:
@@ -61,7 +62,9 @@ class Int8Weight:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed and x.device.type == "cpu":
-            return kernels.int8_matmul(x.float(), self.q, self.scale).to(x.dtype)
+            if self.bound is None:
+                self.bound = kernels.int8_matmul_bound(self.q, self.scale)
+            return self.bound(x)
         return F.linear(x, self.plain().to(x.dtype)) * self.scale.to(x.dtype)
 
 

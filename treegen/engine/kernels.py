@@ -166,15 +166,25 @@ def row_matmul_pack(weight: torch.Tensor) -> torch.Tensor:
 
 def row_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """x [..., K] bf16 @ W.T with W packed by row_matmul_pack -> [..., N] bf16, each row alone in a fixed order."""
+    return row_matmul_bound(packed)(x)
+
+
+def row_matmul_bound(packed: torch.Tensor):
+    """row_matmul with one packed weight bound: its shape, pointer and the kernel looked up once, not on each
+    of the ~120 calls a decode step makes (the same call, the same bits)."""
     blocks, pairs = packed.shape[:2]
     n, k = blocks * 16, pairs * 2
-    flat = x.reshape(-1, k)
-    if flat.stride(-1) != 1 or (flat.shape[0] > 1 and flat.stride(0) < k):
-        flat = flat.contiguous()
-    out = torch.empty(flat.shape[0], n, dtype=torch.bfloat16)
-    matmul_library().row_matmul_bf16(flat.data_ptr(), flat.shape[0], flat.stride(0), packed.data_ptr(), n, k,
-                                     out.data_ptr(), n, torch.get_num_threads())
-    return out.view(*x.shape[:-1], n)
+    kernel, weight = matmul_library().row_matmul_bf16, packed.data_ptr()
+
+    def call(x: torch.Tensor, _keep=packed) -> torch.Tensor:
+        flat = x.reshape(-1, k)
+        if flat.stride(-1) != 1 or (flat.shape[0] > 1 and flat.stride(0) < k):
+            flat = flat.contiguous()
+        out = torch.empty(flat.shape[0], n, dtype=torch.bfloat16)
+        kernel(flat.data_ptr(), flat.shape[0], flat.stride(0), weight, n, k, out.data_ptr(), n,
+               torch.get_num_threads())
+        return out.view(*x.shape[:-1], n)
+    return call
 
 
 INT8_GROUP = 32   # outputs side by side in row_int8.c's layout
@@ -194,15 +204,24 @@ def int8_unpack(packed: torch.Tensor) -> torch.Tensor:
 def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [..., K] fp32 @ (scale[:, None] * Q).T with Q packed by int8_pack -> [..., N] fp32, each row alone in
     a fixed order (row_int8.c)."""
+    return int8_matmul_bound(packed, scale)(x)
+
+
+def int8_matmul_bound(packed: torch.Tensor, scale: torch.Tensor):
+    """x -> int8_matmul(x.float(), packed, scale) in x's dtype, the weight bound once (as row_matmul_bound)."""
     groups, k, _ = packed.shape
     n = groups * INT8_GROUP
-    flat = x.reshape(-1, k)
-    if flat.stride(-1) != 1 or (flat.shape[0] > 1 and flat.stride(0) < k):
-        flat = flat.contiguous()
-    out = torch.empty(flat.shape[0], n, dtype=torch.float32)
-    int8_library().row_int8_f32(flat.data_ptr(), flat.shape[0], flat.stride(0), packed.data_ptr(),
-                                scale.data_ptr(), n, k, out.data_ptr(), n, torch.get_num_threads())
-    return out.view(*x.shape[:-1], n)
+    kernel, weight, scales = int8_library().row_int8_f32, packed.data_ptr(), scale.data_ptr()
+
+    def call(x: torch.Tensor, _keep=(packed, scale)) -> torch.Tensor:
+        flat = x.reshape(-1, k).float()
+        if flat.stride(-1) != 1 or (flat.shape[0] > 1 and flat.stride(0) < k):
+            flat = flat.contiguous()
+        out = torch.empty(flat.shape[0], n, dtype=torch.float32)
+        kernel(flat.data_ptr(), flat.shape[0], flat.stride(0), weight, scales, n, k, out.data_ptr(), n,
+               torch.get_num_threads())
+        return out.view(*x.shape[:-1], n).to(x.dtype)
+    return call
 
 
 def ops_usable(x: torch.Tensor, dim: int) -> bool:

@@ -230,6 +230,9 @@ class RowMatmul:
         if any(m.form(1) != self.form for m in self.inner):   # a copy did not fit: F.linear, row by row
             self.form, self.chunk, self.pieces = "linear", 1, 1
             self.inner = [Matmul.plain(self.weight)]
+        # the compiled form of a whole weight: the kernel bound once (a decode step makes ~120 such calls)
+        self.bound = kernels.row_matmul_bound(self.inner[0].copies["compiled"]) \
+            if self.form == "compiled" and self.pieces == 1 else None
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         if self.pieces == 1:
@@ -243,7 +246,7 @@ class RowMatmul:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         if rows <= self.chunk:
-            return self.product(x)
+            return self.product(x) if self.bound is None else self.bound(x)
         flat = x.reshape(rows, x.shape[-1])
         out = torch.cat([self.product(flat[i:i + self.chunk]) for i in range(0, rows, self.chunk)])
         return out.reshape(*x.shape[:-1], out.shape[-1])
