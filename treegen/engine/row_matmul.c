@@ -14,7 +14,7 @@ int row_matmul_available(void) { return 1; }
 #define BLOCKS 4   /* 16-output blocks a register tile holds */
 #define ROWS 6     /* rows a register tile holds (24 accumulators, 4 weight vectors, 1 broadcast) */
 
-/* One tile: `rows` (1, 2, 4 or ROWS) rows of x against BLOCKS output blocks starting at block b. */
+/* One tile: `rows` (1 to ROWS) rows of x against BLOCKS output blocks starting at block b. */
 static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_t x_stride, int64_t rows,
                                                        const uint16_t *w, int64_t pairs, int64_t b,
                                                        uint16_t *y, int64_t y_stride, const int rows_const) {
@@ -47,15 +47,21 @@ void row_matmul_bf16(const uint16_t *x, int64_t rows, int64_t x_stride, const ui
     int64_t pairs = k / 2, groups = n / (16 * BLOCKS);
     _Pragma("omp parallel for schedule(static) num_threads(threads)")
     for (int64_t g = 0; g < groups; ++g) {
-        int64_t r = 0;
-        for (; r + ROWS <= rows; r += ROWS)
-            tile(x + r * x_stride, x_stride, ROWS, w, pairs, g * BLOCKS, y + r * y_stride, y_stride, ROWS);
-        for (; r + 4 <= rows; r += 4)   /* the rest in tiles of 4, 2, 1: each output still one accumulator */
-            tile(x + r * x_stride, x_stride, 4, w, pairs, g * BLOCKS, y + r * y_stride, y_stride, 4);
-        for (; r + 2 <= rows; r += 2)
-            tile(x + r * x_stride, x_stride, 2, w, pairs, g * BLOCKS, y + r * y_stride, y_stride, 2);
-        for (; r < rows; ++r)
-            tile(x + r * x_stride, x_stride, 1, w, pairs, g * BLOCKS, y + r * y_stride, y_stride, 1);
+        for (int64_t r = 0; r < rows; r += ROWS) {
+            /* the rest in ONE tile of its own row count, so a small tree's rows read each weight once; every
+               output is still one accumulator whatever tile computes it */
+            int64_t left = rows - r < ROWS ? rows - r : ROWS;
+            const uint16_t *xt = x + r * x_stride;
+            uint16_t *yt = y + r * y_stride;
+            switch (left) {   /* a constant row count per call: the tile's loops unroll into registers */
+                case 1: tile(xt, x_stride, 1, w, pairs, g * BLOCKS, yt, y_stride, 1); break;
+                case 2: tile(xt, x_stride, 2, w, pairs, g * BLOCKS, yt, y_stride, 2); break;
+                case 3: tile(xt, x_stride, 3, w, pairs, g * BLOCKS, yt, y_stride, 3); break;
+                case 4: tile(xt, x_stride, 4, w, pairs, g * BLOCKS, yt, y_stride, 4); break;
+                case 5: tile(xt, x_stride, 5, w, pairs, g * BLOCKS, yt, y_stride, 5); break;
+                default: tile(xt, x_stride, ROWS, w, pairs, g * BLOCKS, yt, y_stride, ROWS);
+            }
+        }
     }
 }
 
