@@ -1,4 +1,4 @@
-"""The sampler's greedy rule: the fast CPU argmax against torch's."""
+"""The sampler's rules: the fast CPU greedy argmax against torch's, and the inverse-CDF draw."""
 from __future__ import annotations
 
 import torch
@@ -15,3 +15,21 @@ def test_greedy_argmax_is_torchs_rule():
     for t in (x, x.bfloat16(), x[:, ::2]):
         assert torch.equal(argmax(t), t.argmax(-1))
     assert int(argmax(x[0])) == int(x[0].argmax())
+
+
+def test_draw_is_inverse_cdf_sampling():
+    """sampling.draw: one index per row from one uniform, in proportion to the row's (unnormalised) mass; a
+    zero-probability index is never drawn, whatever the row's shape."""
+    from treegen.engine.sampling import draw
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.tensor([[0.2, 0.0, 1.2, 0.6], [0.0, 0.0, 0.0, 5.0]])   # rows sum to 2 and 5
+    drawn = torch.stack([draw(probs, gen) for _ in range(20000)])        # [20000, 2]
+    assert drawn.shape == (20000, 2)
+    share = torch.bincount(drawn[:, 0], minlength=4).float() / 20000
+    assert share[1] == 0 and torch.allclose(share, torch.tensor([0.1, 0.0, 0.6, 0.3]), atol=0.015)
+    assert (drawn[:, 1] == 3).all()
+    assert draw(probs[0], gen).shape == ()
+    wide = torch.zeros(49152)
+    wide[[7, 40000]] = torch.tensor([1.0, 3.0])
+    assert set(torch.stack([draw(wide, gen) for _ in range(200)]).tolist()) == {7, 40000}

@@ -62,7 +62,21 @@ class Sampler:
         """One token per row of [rows, V] logits: argmax at T=0, else one draw from probs()."""
         if self.greedy:
             return argmax(logits)
-        return torch.multinomial(self.probs(logits), 1, generator=generator).squeeze(-1)
+        return draw(self.probs(logits), generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row of [..., V] probabilities (a row need not sum to 1): the first whose running sum
+    (fp64) passes a uniform draw times the row's total, i.e. inverse-CDF sampling from one uniform a row.
+    torch.multinomial takes ~1 ms for one 49,152-wide row on a CPU, a tenth of a plain step; this ~0.05 ms.
+    A zero-probability index is never drawn: its running sum equals the one before it."""
+    rows = probs.reshape(-1, probs.shape[-1])
+    cdf = rows.double().cumsum(-1)
+    total = cdf[:, -1:]
+    u = torch.rand(rows.shape[0], 1, generator=generator, device=rows.device, dtype=torch.float64) * total
+    # u < total; where rounding says otherwise, the last index with mass (cdf's first maximum)
+    picked = torch.minimum(torch.searchsorted(cdf, u, right=True)[:, 0], cdf.argmax(-1))
+    return picked.view(probs.shape[:-1])
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import Sampler
+from .sampling import Sampler, draw
 from .target import Logits
 from .tree import DraftTree
 
@@ -74,7 +74,7 @@ def _walk_with_laws(tree: DraftTree, logits: Logits, sampler: Sampler, generator
         q = tree.q[law[tried[0]]].to(torch.float32) if tried else None
         child, p = _try_drawn(p, q, [tokens[i] for i in tried], generator)
         if child is None:
-            y = int(torch.multinomial(p, 1, generator=generator))
+            y = int(draw(p, generator))
             if (node, y) not in children:
                 return Verdict(path, [tokens[i] for i in path] + [y], y)
             node = children[(node, y)]
