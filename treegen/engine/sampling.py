@@ -67,9 +67,9 @@ class Sampler:
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One index per row of [..., V] probabilities (a row need not sum to 1): the first whose running sum
-    (fp64) passes a uniform draw times the row's total, i.e. inverse-CDF sampling from one uniform a row.
-    torch.multinomial takes ~1 ms for one 49,152-wide row on a CPU, a tenth of a plain step; this ~0.05 ms.
-    A zero-probability index is never drawn: its running sum equals the one before it."""
+    (fp64) passes a uniform draw times the row's total, i.e. inverse-CDF sampling from one uniform a row:
+    a few passes over the row, where torch.multinomial on a CPU costs a sizeable share of a small model's
+    step. A zero-probability index is never drawn: its running sum equals the one before it."""
     rows = probs.reshape(-1, probs.shape[-1])
     cdf = rows.double().cumsum(-1)
     total = cdf[:, -1:]
