@@ -171,7 +171,7 @@ def row_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 def row_matmul_bound(packed: torch.Tensor):
     """row_matmul with one packed weight bound: its shape, pointer and the kernel looked up once, not on each
-    of the ~120 calls a decode step makes (the same call, the same bits)."""
+    of a decode step's calls, four a layer and the lm_head's (the same call, the same bits)."""
     blocks, pairs = packed.shape[:2]
     n, k = blocks * 16, pairs * 2
     kernel, weight = matmul_library().row_matmul_bf16, packed.data_ptr()

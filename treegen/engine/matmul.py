@@ -230,7 +230,7 @@ class RowMatmul:
         if any(m.form(1) != self.form for m in self.inner):   # a copy did not fit: F.linear, row by row
             self.form, self.chunk, self.pieces = "linear", 1, 1
             self.inner = [Matmul.plain(self.weight)]
-        # the compiled form of a whole weight: the kernel bound once (a decode step makes ~120 such calls)
+        # the compiled form of a whole weight: the kernel bound once (a decode step makes four calls a layer)
         self.bound = kernels.row_matmul_bound(self.inner[0].copies["compiled"]) \
             if self.form == "compiled" and self.pieces == 1 else None
 
