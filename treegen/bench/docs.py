@@ -49,8 +49,8 @@ class Data:
         self.side = P.load_side_by_side(self.folder, self.manifest.get("side_by_side", []))
 
     def unused(self) -> list[str]:
-        """Files no page shows: bench JSON in no table or ablation, other JSON not the newest side-by-side record
-        of a pair with tables."""
+        """Files no page shows: bench JSON in no table or ablation, other JSON not among the newest day's
+        side-by-side records of a pair with tables."""
         benches = {b.name for b in self.benches} - P.used_files(self.benches, self.tables, self.pages)
         shown = {s.name for pair in {key[0] for key in self.tables} for s in self.side_of(pair)}
         return sorted(benches | (P.other_json(self.folder, self.benches) - shown))

@@ -183,7 +183,7 @@ class AutoBudget:
         self.tokens = self.seconds = 0.0   # running means over drafting rounds
         self.rounds = 0
         self.chosen: deque[int] = deque(maxlen=CAP_WINDOW)   # sizes kept by the last rounds' trims
-        self.one_row = float(cost(torch.ones(1))[0])   # seconds of a one-row forward
+        self.one_row = float(cost([1])[0])   # seconds of a one-row forward
         self.plain_seconds: float | None = None   # running mean of resting rounds' seconds (plain decoding here)
 
     @classmethod
@@ -191,8 +191,8 @@ class AutoBudget:
         """A new budget for generations with this sampler: it rests when sampling only (see above)."""
         return cls(cost, rests=not sampler.greedy)
 
-    def choose(self, scores: torch.Tensor, expected: float = 1.0, rows: int = 0) -> int:
-        """How many of the nodes (scores sorted best first) to verify, beside `rows` nodes kept already that
+    def choose(self, scores, expected: float = 1.0, rows: int = 0) -> int:
+        """How many of the nodes (scores sorted best first: an array or tensor) to verify, beside `rows` nodes kept already that
         bring `expected` tokens a round (the bonus token included)."""
         accepted = self.model.probability(scores).cumsum()
         gains = np.float32(expected) + np.concatenate([np.zeros(1, np.float32), accepted])

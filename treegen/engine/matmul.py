@@ -120,6 +120,8 @@ class Matmul:
                     forms = {n: ("linear" if f == form else f) for n, f in forms.items()}
         self.forms = forms
         self.table = [forms[next(m for m in ROWS if m >= n)] for n in range(1, ROWS[-1] + 1)]
+        # the compiled copy's kernel bound to it once (a decode step makes four such calls a layer)
+        self.bound = kernels.row_matmul_bound(self.copies["compiled"]) if "compiled" in self.copies else None
 
     @classmethod
     def plain(cls, weight: torch.Tensor) -> Matmul:
@@ -141,7 +143,7 @@ class Matmul:
         if form == "packed":
             return packed_product(x.contiguous(), self.copies["packed"])
         if form == "compiled":
-            return kernels.row_matmul(x, self.copies["compiled"])
+            return self.bound(x)
         flat = x.reshape(rows, x.shape[-1])
         out = flat @ self.copies["t"] if form == "t" else (self.weight @ flat.t()).t().contiguous()
         return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -188,8 +190,8 @@ def time_forms(n_out: int, n_in: int, dtype, repeats: int = 7) -> dict[str, dict
         packed = [pack(w) for w in weights]
         run["packed"] = lambda i, x: packed_product(x, packed[i])
     if kernels.row_matmul_packable(weight):
-        laid = [kernels.row_matmul_pack(w) for w in weights]
-        run["compiled"] = lambda i, x: kernels.row_matmul(x, laid[i])
+        bound = [kernels.row_matmul_bound(kernels.row_matmul_pack(w)) for w in weights]
+        run["compiled"] = lambda i, x: bound[i](x)   # as Matmul calls it
     seconds = {f: dict.fromkeys(ROWS, float("inf")) for f in run}
     turn = 0
     with torch.inference_mode():
@@ -230,9 +232,8 @@ class RowMatmul:
         if any(m.form(1) != self.form for m in self.inner):   # a copy did not fit: F.linear, row by row
             self.form, self.chunk, self.pieces = "linear", 1, 1
             self.inner = [Matmul.plain(self.weight)]
-        # the compiled form of a whole weight: the kernel bound once (a decode step makes four calls a layer)
-        self.bound = kernels.row_matmul_bound(self.inner[0].copies["compiled"]) \
-            if self.form == "compiled" and self.pieces == 1 else None
+        # the compiled form of a whole weight: straight to its bound kernel, past the row-count lookups
+        self.bound = self.inner[0].bound if self.form == "compiled" and self.pieces == 1 else None
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         if self.pieces == 1:

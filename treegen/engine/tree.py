@@ -123,7 +123,6 @@ class DraftTree:
         law = None if self.law is None else self.law[idx]
         return DraftTree(self.tokens[idx], parents, self.depth[idx], scores, self.q, law)
 
-
     def _select_on_host(self, keep: list[bool]) -> DraftTree:
         """select() for a tree in host memory: a few dozen nodes walked in Python cost less than a dozen
         tensor ops. Children come after their parents, so one backward pass closes `keep` upwards."""

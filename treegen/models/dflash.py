@@ -6,6 +6,7 @@ Only the projected context K/V are cached across rounds; block K/V are recompute
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -127,22 +128,16 @@ class ContextKV:
 
     def extend(self, layer: int, k_ctx, v_ctx, k_blk, v_blk) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the context's [1, KV, n, D] keys / values; -> the whole context's, then the block's."""
-        start = self.lengths[layer]
-        ctx_end = start + k_ctx.shape[-2]
-        end = ctx_end + k_blk.shape[-2]
-        keys = self.keys[layer] = room(self.keys[layer], k_ctx, start, end)
-        values = self.values[layer] = room(self.values[layer], v_ctx, start, end)
-        keys[..., start:ctx_end, :], values[..., start:ctx_end, :] = k_ctx, v_ctx
-        keys[..., ctx_end:end, :], values[..., ctx_end:end, :] = k_blk, v_blk
-        self.lengths[layer] = ctx_end
+        end = self.lengths[layer] + k_ctx.shape[-2] + k_blk.shape[-2]
+        keys, values = self.write(layer, torch.cat([k_ctx, k_blk], dim=-2), torch.cat([v_ctx, v_blk], dim=-2),
+                                  k_ctx.shape[-2])
         return keys[..., :end, :], values[..., :end, :]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, new_context: int):
-        """k / v [1, rows, KV, D]: the new context's rows then the block's, written after the cached context
+        """k / v [1, KV, rows, D]: the new context's rows then the block's, written after the cached context
         (the block's to be overwritten next round) -> the layer's key and value buffers [1, KV, capacity, D]."""
         start = self.lengths[layer]
-        end = start + k.shape[1]
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        end = start + k.shape[-2]
         keys = self.keys[layer] = room(self.keys[layer], k, start, end)
         values = self.values[layer] = room(self.values[layer], v, start, end)
         keys[..., start:end, :], values[..., start:end, :] = k, v
@@ -207,7 +202,6 @@ class Attention(nn.Module):
                                              enable_gqa=self.heads != self.kv_heads)
         return self.out(out.transpose(1, 2).reshape(1, q_len, -1))[0]
 
-
     def lean(self, h: torch.Tensor, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: ContextKV,
              layer: int) -> torch.Tensor:
         """drafting() in fewer, compiled steps (DFlashDrafter.lean_pass): the new context's and the block's rows
@@ -225,21 +219,17 @@ class Attention(nn.Module):
         q = kernels.rms_norm(q.reshape(1, n, self.heads, d), self.q_norm.weight, self.q_norm.eps)
         k = kernels.rms_norm(k.reshape(1, c + n, self.kv_heads, d), self.k_norm.weight, self.k_norm.eps)
         q, k = kernels.rope_(q, cos[c:], sin[c:]), kernels.rope_(k, cos, sin)
-        keys, values = cache.write(layer, k, v.reshape(1, c + n, self.kv_heads, d), c)
+        keys, values = cache.write(layer, k.transpose(1, 2), v.reshape(1, c + n, self.kv_heads, d).transpose(1, 2), c)
         past = cache.lengths[layer]
         own, count = block_rows(n)
         out = kernels.attend(q[0].transpose(0, 1), keys[0], values[0], past, own, count, d ** -0.5)
         return self.out(out.view(1, n, -1).to(h.dtype))[0]
 
 
-_BLOCK_ROWS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
+@functools.cache
 def block_rows(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The compiled attention's per-row key lists for a block that sees itself whole: every row, rows 0..n-1."""
-    if n not in _BLOCK_ROWS:
-        _BLOCK_ROWS[n] = torch.arange(n).repeat(n, 1).contiguous(), torch.full((n,), n, dtype=torch.long)
-    return _BLOCK_ROWS[n]
+    return torch.arange(n).repeat(n, 1).contiguous(), torch.full((n,), n, dtype=torch.long)
 
 
 class MLP(nn.Module):
@@ -320,7 +310,7 @@ class DFlashDrafter(nn.Module):
 
     def lean_pass(self, block, block_pos, ctx, ctx_pos, cache: ContextKV, normed: bool) -> torch.Tensor:
         """forward() for drafting (lean_usable): Attention.lean per layer. Drafts only propose, so its bits
-        need not be forward()'s (tests/test_dflash_lean.py holds the two close)."""
+        need not be forward()'s (tests/test_dflash.py holds the two close)."""
         positions = torch.cat([ctx_pos, block_pos], dim=-1)
         cos, sin = (t.reshape(positions.shape[-1], -1) for t in self.rotary(positions, block.dtype))
         x = block
