@@ -131,15 +131,16 @@ def test_missing_drafter_folder(target, tmp_path):
         build_drafter("dflash", target, str(tmp_path))
 
 
-@pytest.mark.parametrize("path", ["lean", "drafting"])
+@pytest.mark.parametrize("path", ["compiled", "lean", "drafting"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lean_drafting_forward_agrees_with_the_modules(dtype, path, monkeypatch):
-    """Drafting (no autograd, one block on a CPU) takes a lean path: `lean` (the whole pass: the new context's
-    and the block's q/k/v one product, compiled norms, rotary embedding and attention, written straight into
-    the cache) where the compiled kernels serve, else `drafting` per layer (q/k/v, context k/v and gate/up one
-    product each, compiled norms and rotary embedding). Each computes what the modules compute (training's
-    path, autograd on), up to rounding, round after round with the context cache."""
-    from treegen.engine import kernels
+    """Drafting (no autograd, one block on a CPU) takes a lean path: `compiled` (bf16 on AVX512-BF16: every
+    layer in one compiled call, engine/fused.py), else `lean` (per layer: the new context's and the block's
+    q/k/v one product, compiled norms, rotary embedding and attention, written straight into the cache) where
+    the compiled kernels serve, else `drafting` per layer (q/k/v, context k/v and gate/up one product each,
+    compiled norms and rotary embedding). Each computes what the modules compute (training's path, autograd
+    on), up to rounding, round after round with the context cache."""
+    from treegen.engine import fused, kernels
 
     if not kernels.ops_usable(torch.zeros(1, dtype=dtype), 16):
         pytest.skip("the compiled norms and rotary embedding did not build here")
@@ -150,11 +151,17 @@ def test_lean_drafting_forward_agrees_with_the_modules(dtype, path, monkeypatch)
 
     if path == "lean" and not kernels.usable(torch.zeros(1, dtype=dtype), 16):
         pytest.skip("the compiled attention did not build here")
+    if path == "compiled" and not (dtype == torch.bfloat16 and fused.available()):
+        pytest.skip("the compiled stack is bf16 on AVX512-BF16")
     if path == "drafting":
         monkeypatch.setattr(DFlashDrafter, "lean_usable", lambda self, block: False)
+    if path != "compiled":
+        monkeypatch.setattr(DFlashDrafter, "compiled_stack", lambda self, block: None)
     lean_calls = []
-    taken = getattr(dflash.Attention, path)
-    monkeypatch.setattr(dflash.Attention, path, lambda self, *a: lean_calls.append(1) or taken(self, *a))
+    owner = fused.FusedStack if path == "compiled" else dflash.Attention
+    taken = getattr(owner, "__call__" if path == "compiled" else path)
+    monkeypatch.setattr(owner, "__call__" if path == "compiled" else path,
+                        lambda self, *a, **k: lean_calls.append(1) or taken(self, *a, **k))
     torch.manual_seed(3)
     model = DFlashDrafter(cfg).to(dtype)
     for p in model.parameters():
@@ -172,4 +179,5 @@ def test_lean_drafting_forward_agrees_with_the_modules(dtype, path, monkeypatch)
             plain = model(*args, ctx, ctx_pos, plain_cache).detach()
         torch.testing.assert_close(lean, plain, **tol)
         seen += new
-    assert len(lean_calls) == 5 * cfg.num_hidden_layers   # every no-grad layer took the lean path
+    # every no-grad pass (compiled: one call a pass) or layer took the path
+    assert len(lean_calls) == 5 * (1 if path == "compiled" else cfg.num_hidden_layers)

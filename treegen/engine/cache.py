@@ -69,6 +69,18 @@ class GrowingLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self._length if self.is_initialized else 0
 
+    def buffers(self, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The key and value buffers with room for `end` positions, for a writer that fills them itself and
+        then moves the length (engine/fused.py); None before the first update."""
+        if not self.is_initialized or self._keys is None or self._keys.dim() < 2:
+            return None
+        self._keys = room(self._keys, self._keys, self._length, end)
+        self._values = room(self._values, self._values, self._length, end)
+        return self._keys, self._values
+
+    def advance(self, end: int) -> None:
+        self._length = end
+
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative count of positions to drop, not {tokens_to_remove}")

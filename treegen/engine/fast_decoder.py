@@ -16,9 +16,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import invariant, kernels
+from . import fused, invariant, kernels
+from .cache import GrowingLayer
 from .int8 import Int8Linear, Int8Weight
-from .matmul import Matmul, matmul_for
+from .matmul import Matmul, RowMatmul, matmul_for
 
 ARCHITECTURES = ("qwen3", "llama")
 
@@ -125,12 +126,36 @@ class FastDecoder:
             self.layers.append((layer.input_layernorm.weight, Projections((q, k, v), mm, invariant), mm(o),
                                 qk_norm, layer.post_attention_layernorm.weight,
                                 Projections((gate, up), mm, invariant), mm(down)))
+        self.stack = self.compiled_stack(config) if invariant else None
+
+    def compiled_stack(self, config) -> fused.FusedStack | None:
+        """Every layer in one compiled call (engine/fused.py) where every product took the compiled bf16 form
+        (a weight whose measurement chose another keeps the per-layer path) and the shapes fit."""
+        if not fused.available() or self.embed.dtype != torch.bfloat16:
+            return None
+        heads, kv = config.num_attention_heads, config.num_key_value_heads
+        if not fused.shapes_fit(config.hidden_size, heads, kv, self.head_dim, config.intermediate_size):
+            return None
+        weights = []
+        for norm1, qkv, wo, qk_norm, norm2, gate_up, wd in self.layers:
+            products = (*qkv.parts, wo, *gate_up.parts, wd)
+            if len(products) != 4 or not all(isinstance(p, RowMatmul) and p.packed is not None for p in products):
+                return None
+            q_norm, k_norm = qk_norm or (None, None)
+            weights.append(fused.LayerWeights(norm1, qkv.parts[0].packed, wo.packed, norm2, gate_up.parts[0].packed,
+                                              wd.packed, q_norm, k_norm))
+        return fused.FusedStack(weights, self.norm, hidden=config.hidden_size, heads=heads, kv_heads=kv,
+                                dim=self.head_dim, inter=config.intermediate_size, eps=self.eps, scale=self.scale)
 
     def __call__(self, ids, positions, mask, cache) -> tuple[torch.Tensor, list[torch.Tensor]]:
         x = F.embedding(ids, self.embed)
         freqs = positions[..., None].float() * self.inv_freq.to(torch.float)
         angles = torch.cat((freqs, freqs), dim=-1)
         cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
+        if self.stack is not None and ids.shape[0] == 1:
+            done = self.compiled(x, cos, sin, mask, cache)
+            if done is not None:
+                return done
         # the invariant path's norms and rotary embedding: one compiled call each (row_ops.c), where built
         compiled = self.invariant and ids.shape[0] == 1 and kernels.ops_usable(x, self.head_dim) \
             and kernels.ops_usable(x, x.shape[-1])
@@ -145,6 +170,25 @@ class FastDecoder:
             hidden.append(x)
         hidden[-1] = norm(x, self.norm, self.eps)
         return hidden[-1], hidden
+
+    def compiled(self, x, cos, sin, mask, cache) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """__call__ through the compiled stack, or None where the cache is not one it writes into."""
+        n, layers = x.shape[1], cache.layers
+        if not all(type(layer) is GrowingLayer for layer in layers):
+            return None
+        past = layers[0].get_seq_length()
+        buffers = [layer.buffers(past + n) for layer in layers]
+        if any(b is None for b in buffers):
+            return None
+        keys, values = [b[0] for b in buffers], [b[1] for b in buffers]
+        if not fused.buffers_fit(keys, values, self.stack.shape.kv_heads, self.head_dim):
+            return None
+        _, own, count = invariant.tree_order(mask)
+        last, states = self.stack(x[0], keys, values, past, cos.view(n, -1), sin.view(n, -1), own, count,
+                                  states=True)
+        for layer in layers:
+            layer.advance(past + n)
+        return last[None], list(states[:, None])
 
     def attention(self, h, qkv, wo, qk_norm, cos, sin, mask, order, layer, compiled=False) -> torch.Tensor:
         batch, n, _ = h.shape

@@ -22,6 +22,7 @@ SOURCE = Path(__file__).with_name("row_attention.c")
 MATMUL_SOURCE = Path(__file__).with_name("row_matmul.c")
 OPS_SOURCE = Path(__file__).with_name("row_ops.c")
 INT8_SOURCE = Path(__file__).with_name("row_int8.c")
+DECODER_SOURCE = Path(__file__).with_name("row_decoder.c")   # includes the attention, product and ops sources
 HEADER = Path(__file__).with_name("row_common.h")   # included by the sources: part of every build's name
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math")
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -38,7 +39,7 @@ def tag() -> str:
     """The kernels' sources in a few characters: a measurement kept on disk (a verify cost, a matmul choice)
     belongs to the kernels it timed, and a new version measures again."""
     digest = hashlib.sha256()
-    for path in (SOURCE, MATMUL_SOURCE, OPS_SOURCE, INT8_SOURCE, HEADER):
+    for path in (SOURCE, MATMUL_SOURCE, OPS_SOURCE, INT8_SOURCE, DECODER_SOURCE, HEADER):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:10]
 
@@ -89,17 +90,29 @@ def int8_library() -> ctypes.CDLL | None:
     return lib
 
 
+@functools.lru_cache(maxsize=1)
+def decoder_library() -> ctypes.CDLL | None:
+    """The built whole-stack forward (row_decoder.c, bf16 on AVX512-BF16), or None (as matmul_library())."""
+    lib = build(DECODER_SOURCE, SOURCE, MATMUL_SOURCE, OPS_SOURCE)
+    if lib is None or not lib.decoder_available():
+        return None
+    lib.decoder_bf16.restype = None
+    return lib
+
+
 def int8_build() -> str | None:
     """How the int8 product was built, in words (treegen info); None without it."""
     lib = int8_library()
     return None if lib is None else ("plain C", "AVX2+FMA", "AVX512F")[lib.row_int8_vectorized()]
 
 
-def build(path: Path) -> ctypes.CDLL | None:
+def build(path: Path, *included: Path) -> ctypes.CDLL | None:
+    """path built into a shared library in the cache folder (its name: the sources it includes, compiler,
+    flags and CPU), loaded; None where that fails."""
     cc = compiler()
     if cc is None or os.environ.get("TREEGEN_NO_KERNELS"):
         return None
-    source = path.read_bytes() + HEADER.read_bytes()
+    source = b"".join(p.read_bytes() for p in (path, *included, HEADER))
     tag = hashlib.sha256(source + " ".join((cc, *FLAGS, platform.machine(), cpu_flags())).encode()).hexdigest()[:16]
     built = cache_root() / "kernels" / f"{path.stem}-{tag}.so"
     if not built.exists():
@@ -257,4 +270,4 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 def build_all() -> None:
     """Every kernel built now: before a measurement starts, so that the compiler's processes do not count as
     other work on the machine (disk.LoadWatch)."""
-    library(), matmul_library(), ops_library(), int8_library()
+    library(), matmul_library(), ops_library(), int8_library(), decoder_library()

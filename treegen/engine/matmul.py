@@ -234,6 +234,8 @@ class RowMatmul:
             self.inner = [Matmul.plain(self.weight)]
         # the compiled form of a whole weight: straight to its bound kernel, past the row-count lookups
         self.bound = self.inner[0].bound if self.form == "compiled" and self.pieces == 1 else None
+        # that copy itself, for a caller that runs the kernel on it directly (engine/fused.py)
+        self.packed = self.inner[0].copies["compiled"] if self.bound is not None else None
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         if self.pieces == 1:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..engine import kernels
+from ..engine import fused, kernels
 from ..engine.cache import room
 from ..engine.fast_decoder import Projections
 from ..engine.matmul import product
@@ -132,6 +132,17 @@ class ContextKV:
         keys, values = self.write(layer, torch.cat([k_ctx, k_blk], dim=-2), torch.cat([v_ctx, v_blk], dim=-2),
                                   k_ctx.shape[-2])
         return keys[..., :end, :], values[..., :end, :]
+
+    def buffers(self, rows: int, like: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every layer's key and value buffers with room for `rows` more positions, for a writer that fills them
+        itself (engine/fused.py) and then calls advance(). like: [1, KV, *, D] of the buffers' dtype."""
+        for i, length in enumerate(self.lengths):
+            self.keys[i] = room(self.keys[i], like, length, length + rows)
+            self.values[i] = room(self.values[i], like, length, length + rows)
+        return self.keys, self.values
+
+    def advance(self, new_context: int) -> None:
+        self.lengths = [length + new_context for length in self.lengths]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, new_context: int):
         """k / v [1, KV, rows, D]: the new context's rows then the block's, written after the cached context
@@ -271,6 +282,8 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config.head_dim, config.rope_theta)
+        self._stack: fused.FusedStack | None = None   # compiled_stack(), laid out for these weights' versions
+        self._stack_version: tuple | None = None
 
     def quantize_products(self, on: bool = True) -> None:
         """Drafting's products in int8 (engine/int8.py): a quarter of the bytes a pass reads, where a CPU has
@@ -308,11 +321,50 @@ class DFlashDrafter(nn.Module):
         return lean(block, c.head_dim) and kernels.usable(block, c.head_dim) \
             and kernels.ops_usable(block, c.hidden_size) and block.dtype == self.fc.weight.dtype
 
+    def compiled_stack(self, block: torch.Tensor) -> fused.FusedStack | None:
+        """The layers as one compiled call (engine/fused.py) for bf16 drafting on AVX512-BF16, laid out again
+        when a weight changes (a cast, a training step); None where it does not serve (int8 products, shapes)."""
+        c = self.config
+        if block.dtype != torch.bfloat16 or self.fc_product.int8 or not fused.available() \
+                or not fused.shapes_fit(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                                        c.intermediate_size):
+            return None
+        params = list(self.parameters())
+        version = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+        if self._stack_version != version:
+            if any(p.dtype != torch.bfloat16 for p in params):
+                return None
+            layers = []
+            for layer in self.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                layers.append(fused.LayerWeights(
+                    layer.input_layernorm.weight.detach(),
+                    fused.pack(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
+                    fused.pack(attn.o_proj.weight), layer.post_attention_layernorm.weight.detach(),
+                    fused.pack(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])), fused.pack(mlp.down_proj.weight),
+                    attn.q_norm.weight.detach(), attn.k_norm.weight.detach()))
+            self._stack = fused.FusedStack(layers, self.norm.weight.detach(), hidden=c.hidden_size,
+                                           heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
+                                           dim=c.head_dim, inter=c.intermediate_size, eps=c.rms_norm_eps,
+                                           scale=c.head_dim ** -0.5)
+            self._stack_version = version
+        return self._stack
+
     def lean_pass(self, block, block_pos, ctx, ctx_pos, cache: ContextKV, normed: bool) -> torch.Tensor:
         """forward() for drafting (lean_usable): Attention.lean per layer. Drafts only propose, so its bits
         need not be forward()'s (tests/test_dflash.py holds the two close)."""
         positions = torch.cat([ctx_pos, block_pos], dim=-1)
         cos, sin = (t.reshape(positions.shape[-1], -1) for t in self.rotary(positions, block.dtype))
+        stack = self.compiled_stack(block)
+        if stack is not None:   # every layer in one compiled call
+            c, n, d = ctx.shape[1], block.shape[1], self.config.head_dim
+            like = block.new_empty(1, self.config.num_key_value_heads, 0, d)
+            keys, values = cache.buffers(c + n, like)
+            own, count = block_rows(n)
+            out, _ = stack(block[0], keys, values, cache.length, cos, sin, own, count,
+                           context=ctx[0] if c else None, normed=normed)
+            cache.advance(c)
+            return out[None]
         x = block
         for i, layer in enumerate(self.layers):
             x = x + layer.self_attn.lean(layer.input_layernorm(x), ctx, cos, sin, cache, i)

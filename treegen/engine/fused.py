@@ -1,0 +1,110 @@
+"""A decoder stack's forward as one compiled call (row_decoder.c): bf16 on a CPU with AVX512-BF16.
+
+Why: a one-row step of a small model is mostly the ~20 Python-side calls a layer makes around its compiled
+products (views, splits, allocations, ctypes calls). The compiled stack makes the same steps in the same order
+(row_matmul.c's products, row_ops.c's norms and rotary embedding, row_attention.c's attention), one call a
+forward. Every step computes each row alone in a fixed order, so a row's bits are the same whether the forward
+carries it alone or inside a tree (tests/test_fused.py; tests/test_row_invariance.py covers the engine's use).
+Two users: the target's verify forward (engine/fast_decoder.py) and the DFlash drafter's pass
+(models/dflash.py), whose new context rows only add keys and values.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from . import kernels
+
+_ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _ptr) for name in ("norm1", "qkv", "o", "norm2", "gate_up", "down", "q_norm", "k_norm",
+                                          "keys", "values")] + [("kv_stride", _i64)]
+
+
+class _Shape(ctypes.Structure):
+    _fields_ = [("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("dim", _i64), ("inter", _i64),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("threads", ctypes.c_int)]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One layer's bf16 weights: norms as they are, products laid out by kernels.row_matmul_pack (q, k, v
+    stacked; gate, up stacked)."""
+    norm1: torch.Tensor
+    qkv: torch.Tensor
+    o: torch.Tensor
+    norm2: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+
+
+def available() -> bool:
+    return kernels.decoder_library() is not None
+
+
+def shapes_fit(hidden: int, heads: int, kv_heads: int, dim: int, inter: int) -> bool:
+    """Shapes the compiled steps take: products in whole 64s of outputs, the attention's and ops' dims."""
+    q, kv = heads * dim, kv_heads * dim
+    return (hidden % 64 == 0 and (q + 2 * kv) % 64 == 0 and (2 * inter) % 64 == 0 and dim % 16 == 0
+            and dim <= 512 and heads % kv_heads == 0)
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    return kernels.row_matmul_pack(weight.detach().to(torch.bfloat16))
+
+
+class FusedStack:
+    """stack(x [rows, H], keys, values, past, cos, sin, own, count) -> [rows, H]: every layer in one call.
+
+    keys / values: each layer's cache buffers [1, KV, capacity, D] with room for past + context + rows
+    positions; this call writes its rows' keys and values at past.. (the caller moves the cache's length)."""
+
+    def __init__(self, layers: list[LayerWeights], final_norm: torch.Tensor | None, *, hidden: int, heads: int,
+                 kv_heads: int, dim: int, inter: int, eps: float, scale: float):
+        self.layers, self.final_norm = layers, final_norm   # kept alive: the table holds their addresses
+        self.shape = _Shape(hidden, heads, kv_heads, dim, inter, eps, scale, 1)
+        self.table = (_Layer * len(layers))()
+        for row, w in zip(self.table, layers):
+            for name in ("norm1", "qkv", "o", "norm2", "gate_up", "down", "q_norm", "k_norm"):
+                tensor = getattr(w, name)
+                assert tensor is None or (tensor.dtype == torch.bfloat16 and tensor.is_contiguous())
+                setattr(row, name, None if tensor is None else tensor.data_ptr())
+        self.kernel = kernels.decoder_library().decoder_bf16
+        self.hidden = hidden
+
+    def __call__(self, x: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], past: int,
+                 cos: torch.Tensor, sin: torch.Tensor, own: torch.Tensor, count: torch.Tensor,
+                 context: torch.Tensor | None = None, states: bool = False, normed: bool = True):
+        """-> (out [rows, H], every layer's states [layers + 1, rows, H] or None). context [c, H]: rows whose
+        keys and values only are made (written before the rows'), seen by every row."""
+        rows = x.shape[0]
+        x = x.contiguous()
+        own, count = own.contiguous(), count.contiguous()
+        c = 0 if context is None else context.shape[0]
+        if c:
+            context = context.contiguous()
+        for row, k, v in zip(self.table, keys, values):
+            row.keys, row.values, row.kv_stride = k.data_ptr(), v.data_ptr(), k.stride(1)
+        self.shape.threads = torch.get_num_threads()
+        out = torch.empty(rows, self.hidden, dtype=torch.bfloat16)
+        kept = torch.empty(len(self.layers) + 1, rows, self.hidden, dtype=torch.bfloat16) if states else None
+        norm = self.final_norm if normed else None
+        self.kernel(ctypes.byref(self.shape), _i64(len(self.layers)), self.table,
+                    None if norm is None else _ptr(norm.data_ptr()), _i64(past), _i64(c),
+                    None if not c else _ptr(context.data_ptr()), _i64(rows), _ptr(x.data_ptr()),
+                    None if kept is None else _ptr(kept.data_ptr()), _ptr(out.data_ptr()), _ptr(cos.data_ptr()),
+                    _ptr(sin.data_ptr()), _ptr(own.data_ptr()), _ptr(count.data_ptr()), _i64(own.shape[1]))
+        return out, kept
+
+
+def buffers_fit(keys: list[torch.Tensor], values: list[torch.Tensor], kv_heads: int, dim: int) -> bool:
+    """Cache buffers the compiled stack writes into: bf16 [1, KV, capacity, D], positions D apart."""
+    return all(k.dtype == torch.bfloat16 and k.dim() == 4 and k.shape[1] == kv_heads and k.shape[3] == dim
+               and k.stride(3) == 1 and k.stride(2) == dim and v.stride() == k.stride() and v.dtype == k.dtype
+               for k, v in zip(keys, values))

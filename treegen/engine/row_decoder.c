@@ -1,0 +1,111 @@
+/* A whole decoder stack's forward in one call, bf16 on AVX512-BF16 (treegen/engine/fused.py drives it): the
+   same compiled steps the per-layer path calls one by one from Python (row_matmul.c's products, row_ops.c's
+   norm and rotary embedding, row_attention.c's attention), so a step pays ~30 layers of work and none of the
+   ~600 small Python-side calls around it. Every step computes each row alone in a fixed order, so a row's
+   bits depend neither on the rows beside it nor on the thread count: plain decoding and a tree's verify
+   agree bit for bit.
+
+   Rows: `context` rows (only their keys and values are made and cached: a DFlash drafter's new target
+   features) then `rows` query rows (the residual stream). Keys and values go into each layer's cache buffers
+   at positions past.., and the query rows attend to the first past + context positions plus their own key
+   lists (own / count, offsets from past + context). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "row_attention.c"
+#include "row_matmul.c"
+#include "row_ops.c"
+
+typedef struct {
+    const uint16_t *norm1, *qkv, *o, *norm2, *gate_up, *down;   /* products laid out by row_matmul_pack */
+    const uint16_t *q_norm, *k_norm;                            /* per-head norms (Qwen3), or NULL */
+    uint16_t *keys, *values;                                    /* cache buffers [kv_heads][capacity][dim] */
+    int64_t kv_stride;                                          /* capacity * dim */
+} Layer;
+
+typedef struct {
+    int64_t hidden, heads, kv_heads, dim, inter;
+    float eps, scale;
+    int threads;
+} Shape;
+
+int decoder_available(void) { return row_matmul_available(); }
+
+/* x += y, each sum rounded to bf16 (as torch's bf16 add). */
+static void add_rows(uint16_t *x, const uint16_t *y, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) x[i] = to_bf16(from_bf16(x[i]) + from_bf16(y[i]));
+}
+
+/* act = bf16(silu(gate)) * up, rounded to bf16; gate_up rows hold [gate | up]. */
+static void silu_mul(const uint16_t *gate_up, int64_t rows, int64_t inter, uint16_t *act) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint16_t *g = gate_up + r * 2 * inter, *u = g + inter;
+        uint16_t *a = act + r * inter;
+        for (int64_t i = 0; i < inter; ++i) {
+            float x = from_bf16(g[i]);
+            a[i] = to_bf16(round_bf16(x / (1.0f + expf(-x))) * from_bf16(u[i]));
+        }
+    }
+}
+
+static void norm_heads(uint16_t *x, int64_t rows, int64_t stride, int64_t heads, int64_t dim, const uint16_t *w,
+                       float eps) {
+    for (int64_t r = 0; r < rows; ++r) rms_norm_bf16(x + r * stride, heads, dim, dim, w, eps, x + r * stride);
+}
+
+/* x_in [rows, hidden] -> out [rows, hidden] (after final_norm where given); states, if given, receive x_in then
+   each layer's output [layers + 1][rows][hidden] (the last after final_norm). cos / sin [context + rows, dim]. */
+void decoder_bf16(const Shape *s, int64_t layers, const Layer *w, const uint16_t *final_norm, int64_t past,
+                  int64_t context, const uint16_t *ctx, int64_t rows, const uint16_t *x_in, uint16_t *states,
+                  uint16_t *out, const uint16_t *cos, const uint16_t *sin, const int64_t *own,
+                  const int64_t *count, int64_t width) {
+    const int64_t H = s->hidden, D = s->dim, I = s->inter, q_out = s->heads * D, kv_out = s->kv_heads * D;
+    const int64_t qkv_w = q_out + 2 * kv_out, all = context + rows;
+    const int threads = s->threads;
+    /* the context rows need only k and v: the stacked weight's last 2 * kv_out outputs, when whole tiles */
+    const int kv_only = (2 * kv_out) % 64 == 0;
+    uint16_t *x = malloc(sizeof(uint16_t) * rows * H), *h = malloc(sizeof(uint16_t) * rows * H);
+    uint16_t *qkv = malloc(sizeof(uint16_t) * all * qkv_w), *att = malloc(sizeof(uint16_t) * rows * q_out);
+    uint16_t *o = malloc(sizeof(uint16_t) * rows * H), *gu = malloc(sizeof(uint16_t) * rows * 2 * I);
+    uint16_t *act = malloc(sizeof(uint16_t) * rows * I);
+    float *att32 = malloc(sizeof(float) * rows * q_out);
+    memcpy(x, x_in, sizeof(uint16_t) * rows * H);
+    if (states) memcpy(states, x_in, sizeof(uint16_t) * rows * H);
+    for (int64_t l = 0; l < layers; ++l) {
+        const Layer *L = w + l;
+        uint16_t *qkv_rows = qkv + context * qkv_w;
+        rms_norm_bf16(x, rows, H, H, L->norm1, s->eps, h);
+        row_matmul_bf16(h, rows, H, L->qkv, qkv_w, H, qkv_rows, qkv_w, threads);
+        if (context && kv_only)
+            row_matmul_bf16(ctx, context, H, L->qkv + q_out * H, 2 * kv_out, H, qkv + q_out, qkv_w, threads);
+        else if (context)
+            row_matmul_bf16(ctx, context, H, L->qkv, qkv_w, H, qkv, qkv_w, threads);
+        if (L->q_norm) norm_heads(qkv_rows, rows, qkv_w, s->heads, D, L->q_norm, s->eps);
+        if (L->k_norm) norm_heads(qkv + q_out, all, qkv_w, s->kv_heads, D, L->k_norm, s->eps);
+        rope_bf16(qkv_rows, rows, qkv_w, s->heads, D, cos + context * D, sin + context * D);
+        rope_bf16(qkv + q_out, all, qkv_w, s->kv_heads, D, cos, sin);
+        for (int64_t j = 0; j < all; ++j)
+            for (int64_t g = 0; g < s->kv_heads; ++g) {
+                const uint16_t *kv = qkv + j * qkv_w + q_out + g * D;
+                memcpy(L->keys + g * L->kv_stride + (past + j) * D, kv, sizeof(uint16_t) * D);
+                memcpy(L->values + g * L->kv_stride + (past + j) * D, kv + kv_out, sizeof(uint16_t) * D);
+            }
+        attend_bf16(qkv_rows, L->keys, L->values, s->heads, s->kv_heads, rows, D, D, qkv_w, L->kv_stride, D,
+                    past + context, own, count, width, s->scale, att32, threads);
+        for (int64_t i = 0; i < rows * q_out; ++i) att[i] = to_bf16(att32[i]);
+        row_matmul_bf16(att, rows, q_out, L->o, H, q_out, o, H, threads);
+        add_rows(x, o, rows * H);
+        rms_norm_bf16(x, rows, H, H, L->norm2, s->eps, h);
+        row_matmul_bf16(h, rows, H, L->gate_up, 2 * I, H, gu, 2 * I, threads);
+        silu_mul(gu, rows, I, act);
+        row_matmul_bf16(act, rows, I, L->down, H, I, o, H, threads);
+        add_rows(x, o, rows * H);
+        if (states) memcpy(states + (l + 1) * rows * H, x, sizeof(uint16_t) * rows * H);
+    }
+    if (final_norm) rms_norm_bf16(x, rows, H, H, final_norm, s->eps, out);
+    else memcpy(out, x, sizeof(uint16_t) * rows * H);
+    if (states && final_norm) memcpy(states + layers * rows * H, out, sizeof(uint16_t) * rows * H);
+    free(x); free(h); free(qkv); free(att); free(o); free(gu); free(act); free(att32);
+}
