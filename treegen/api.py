@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ import torch
 
 from .drafters import auto_budget, build_drafter
 from .engine.budget import AutoBudget
+from .engine.clock import Clock
+from .engine.disk import LoadWatch
 from .engine.generate import GenerationConfig, Round, generate
 from .engine.int8 import weight_form
 from .engine.prefill import DEFAULT_CHUNK
@@ -91,6 +94,7 @@ class Generator:
     adapt_threads: bool = True           # greedy runs take only the free cores where that keeps the bits
     weights: str = field(init=False, default="")   # what the target's weights are as loaded: int8, bfloat16, ...
     budgets: dict = field(init=False, default_factory=dict, repr=False)   # `budget: auto`'s state per sampler
+    clocks: dict = field(init=False, default_factory=dict, repr=False)    # per sampler: engine/clock.py
 
     def __post_init__(self):
         from .config import resolve_model
@@ -122,7 +126,7 @@ class Generator:
         other.drafter, other.method_options = local_or_shipped(drafter, "drafter"), dict(method_options or {})
         other.method = best_method(other.drafter) if method == "auto" else method
         other.draft_model = build_drafter(other.method, self.model, other.drafter, other.method_options)
-        other.verify_cost, other.budgets = other._verify_cost(), {}
+        other.verify_cost, other.budgets, other.clocks = other._verify_cost(), {}, {}
         return other
 
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -144,7 +148,7 @@ class Generator:
         sampler = Sampler(s["temperature"], s["top_k"], s["top_p"], s["min_p"])
         return GenerationConfig(s["max_new_tokens"], sampler, effective_seed(s["seed"]),
                                 eos_ids(self.model, self.tokenizer), context_length(self.model), self.verify_cost,
-                                self.prefill_chunk, self._budget(sampler))
+                                self.prefill_chunk, self._budget(sampler), self._clock(sampler))
 
     def _budget(self, sampler: Sampler) -> AutoBudget | None:
         """`budget: auto`: one per sampler, carried from generation to generation (a chat's turns, a bench's
@@ -152,8 +156,21 @@ class Generator:
         if self.verify_cost is None:
             return None
         if sampler not in self.budgets:
-            self.budgets[sampler] = AutoBudget.for_sampler(self.verify_cost, sampler)
+            self.budgets[sampler] = AutoBudget.for_sampler(self.verify_cost, sampler, self._clock(sampler))
         return self.budgets[sampler]
+
+    def _clock(self, sampler: Sampler) -> Clock:
+        """The seconds this generator's round-to-round choices read with this sampler: measured when greedy,
+        this machine's calibration when sampling (engine/clock.py), so that a seed fixes the tokens."""
+        if sampler not in self.clocks:
+            key = None
+            if not sampler.greedy:
+                from .engine.budget import cost_key
+
+                options = json.dumps(self.method_options, sort_keys=True, default=str)
+                key = f"{cost_key(self.model)}|{self.method}|{self.drafter}|{options}"
+            self.clocks[sampler] = Clock(key, sampling=not sampler.greedy)
+        return self.clocks[sampler]
 
     def stream(self, prompt: str | list[int], *, stop: tuple[str, ...] = (), prefix: PrefixCache | None = None,
                **sampling) -> Iterator[Chunk]:
@@ -162,15 +179,18 @@ class Generator:
         ids = self.encode(prompt)
         config = self.config(**sampling)
         rounds = generate(self.model, self.draft_model, torch.tensor(ids), config, prefix)
-        return self._chunks(rounds, stop, 0.0 if config.sampler.greedy else config.sampler.temperature)
+        return self._chunks(rounds, stop, 0.0 if config.sampler.greedy else config.sampler.temperature, config.clock)
 
-    def _chunks(self, rounds: Iterator[Round], stop: tuple[str, ...], temperature: float) -> Iterator[Chunk]:
+    def _chunks(self, rounds: Iterator[Round], stop: tuple[str, ...], temperature: float,
+                clock: Clock) -> Iterator[Chunk]:
         decoder, stats, text = StreamDecoder(self.tokenizer), Stats(), ""
+        watch = LoadWatch()
         try:
-            with self.thread_plan.greedy(temperature):   # fewer threads on a busy machine, the same tokens
+            with self.thread_plan.greedy(temperature), watch:   # fewer threads on a busy machine, the same tokens
                 yield from self._rounds(rounds, decoder, stats, text, stop, time.perf_counter())
         finally:
             rounds.close()  # a consumer that stops early (Ctrl-C, closed pipe) frees the cache now
+        clock.calibrate(watch)   # a sampled generation without a calibration leaves one (engine/clock.py)
 
     @staticmethod
     def _rounds(rounds: Iterator[Round], decoder: StreamDecoder, stats: Stats, text: str, stop: tuple[str, ...],

@@ -5,7 +5,7 @@ the method's own tree, or no drafts at all (plain decoding through the same loop
 Why: on a CPU the drafter pass is a third of a tree round. Where text repeats (code that reuses its own
 names, a reply that quotes the prompt) a lookup round commits as much for the price of a small verify; where
 a drafter does poorly (a target it was not trained well for) plain decoding is the faster round. Rates are
-measured, not assumed: committed tokens per second from proposal to commit, per context (the matched
+measured, not assumed (when sampling, on the engine's calibrated clock: engine/clock.py): committed tokens per second from proposal to commit, per context (the matched
 n-gram's length, or no match) and way, decayed so the choice follows the text; each way runs TRIES rounds
 in a context first, and a losing way runs again after RETRY_EVERY rounds without it. Skipped drafter passes
 lose nothing: the drafter folds the features of every committed token into its next pass.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..engine.clock import Clock
 from ..engine.drafter import Drafter, sync
 from ..engine.tree import DraftTree
 from .base import DraftState
@@ -59,6 +60,7 @@ class LookupFirst(Drafter):
         self.device = None
         self.way: str | None = None   # how the last proposal drafted (the engine puts it in the Round)
         self.first = True      # the next proposal is the generation's first
+        self.clock: Clock | None = None   # the engine's (engine/clock.py: fixed when sampling), from the proposal
 
     @property
     def draw_shape(self) -> str:   # the engine's auto budget costs a drawn part by it
@@ -80,11 +82,13 @@ class LookupFirst(Drafter):
         if self.pending is not None:
             arm, t0 = self.pending
             sync(self.device)
-            self.arms[arm].observe(len(tokens), time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            self.arms[arm].observe(len(tokens), seconds if self.clock is None else self.clock(f"way:{arm[1]}", seconds))
         self.inner.commit(tokens, features)
 
     def propose(self, state: DraftState) -> DraftTree:
         t0 = time.perf_counter()
+        self.clock = state.clock
         n, conts = self.lookup.match(state)
         context = f"match{n}" if conts else "none"   # a 3-gram match predicts more than a 1-gram
         way = self.choose(context, ("lookup", "tree", "plain") if conts else ("tree", "plain"))

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from . import kernels
+from .clock import Clock
 from .disk import LoadWatch, cache_root, keep_if_quiet, read_table
 from .int8 import weight_form
 from .matmul import RowMatmul, machine, say
@@ -172,8 +173,9 @@ class AutoBudget:
     for sampling only: at T=0 on a CPU it cost 10-20% (a prompt's slow stretches are short); at T=1 it is
     what keeps the auto presets near plain decoding (docs/benchmarks.md)."""
 
-    def __init__(self, cost: VerifyCost, rests: bool = True):
+    def __init__(self, cost: VerifyCost, rests: bool = True, clock: Clock | None = None):
         self.cost, self.model, self.rests = cost, AcceptanceModel(), rests
+        self.clock = clock or Clock()   # the seconds its choices read (engine/clock.py: fixed when sampling)
         self.depths = DrawnDepths()   # drawn nodes' acceptance by depth (trim_drawn)
         self.t_draft: float | None = None
         self.overhead = 0.0           # a round's seconds besides drafting and the forward (trim, walk, commit)
@@ -187,9 +189,9 @@ class AutoBudget:
         self.plain_seconds: float | None = None   # running mean of resting rounds' seconds (plain decoding here)
 
     @classmethod
-    def for_sampler(cls, cost: VerifyCost, sampler) -> AutoBudget:
+    def for_sampler(cls, cost: VerifyCost, sampler, clock: Clock | None = None) -> AutoBudget:
         """A new budget for generations with this sampler: it rests when sampling only (see above)."""
-        return cls(cost, rests=not sampler.greedy)
+        return cls(cost, rests=not sampler.greedy, clock=clock)
 
     def choose(self, scores, expected: float = 1.0, rows: int = 0) -> int:
         """How many of the nodes (scores sorted best first: an array or tensor) to verify, beside `rows` nodes kept already that
@@ -212,13 +214,16 @@ class AutoBudget:
         drafting rounds against plain decoding's (`plain`); below REST_MARGIN of it, rest (longer each
         time it stays below, back to 1 once drafting pays)."""
         if not drafted:   # a resting round (plain decoding, measured); the next drafting round is the catch-up
-            last = self.plain_seconds
+            seconds, last = self.clock("plain", seconds), self.plain_seconds
             self.plain_seconds = seconds if last is None else last + REST_WINDOW * (seconds - last)
             return
-        if self.verified is not None and not self.catching_up:   # the rest of the round: what no size changes
-            other = seconds - (self.t_draft or 0.0) - float(self.cost([self.verified + 1])[0])
-            self.overhead = max(0.0, self.overhead + 0.2 * (other - self.overhead))
-        self.verified = None
+        verified, self.verified = self.verified, None
+        if verified is not None and not self.catching_up:   # the rest of the round: what no size changes
+            other = seconds - (self.t_draft or 0.0) - float(self.cost([verified + 1])[0])
+            self.overhead = max(0.0, self.overhead + 0.2 * (self.clock("other", other) - self.overhead))
+        if self.clock.fixed:   # the round as the calibration prices it, not as this run's clock read it
+            seconds = (self.t_draft or 0.0) + self.overhead + float(self.cost([verified + 1])[0]) \
+                if verified is not None else self.clock("round", seconds)
         if self.catching_up:
             self.catching_up = False
             return
@@ -265,9 +270,9 @@ class AutoBudget:
         if tree.scores is None or len(tree) == 0:
             return tree  # a method without path scores keeps its own size (prompt-lookup rounds too)
         if self.t_draft is None:
-            self.t_draft = t_draft
+            self.t_draft = self.clock("draft", t_draft)
         elif not self.catching_up:  # a pass folding a rest's context is not a typical one
-            self.t_draft = 0.8 * self.t_draft + 0.2 * t_draft
+            self.t_draft = 0.8 * self.t_draft + 0.2 * self.clock("draft", t_draft)
         if tree.drawn:
             return self.trim_drawn(tree, shape)
         # stable: on equal scores the lower index (a parent before its child) comes first

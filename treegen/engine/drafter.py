@@ -9,6 +9,7 @@ from typing import Protocol
 
 import torch
 
+from .clock import Clock
 from .sampling import Sampler
 from .tree import DraftTree
 
@@ -20,6 +21,7 @@ class DraftState:
     sampler: Sampler | None = None                 # the target's sampling law (a drafter may sample by it)
     generator: torch.Generator | None = None       # the generation's random stream (None: torch's global one)
     max_nodes: int | None = None   # budget: auto's most nodes it could verify this round (None: no cap)
+    clock: Clock | None = None     # the seconds a drafter's own choices read (engine/clock.py; None: measured)
 
     @property
     def sampling(self) -> bool:

@@ -14,6 +14,7 @@ import torch
 
 from .budget import AutoBudget, VerifyCost
 from .cache import check_compactable, compact, new_cache
+from .clock import Clock
 from .drafter import Drafter, DraftState, sync
 from .prefill import DEFAULT_CHUNK, input_device
 from .prefix import PrefixCache
@@ -39,6 +40,7 @@ class GenerationConfig:
     verify_cost: VerifyCost | None = None  # set: `budget: auto`, each tree trimmed to its best size here
     prefill_chunk: int = DEFAULT_CHUNK     # prompt rows per prefill forward (engine/prefill.py)
     budget: AutoBudget | None = None       # with verify_cost: one carried from earlier generations (else a new one)
+    clock: Clock | None = None             # what round-to-round choices read as seconds (engine/clock.py)
 
     def __post_init__(self):
         if self.max_new_tokens < 0:
@@ -81,7 +83,7 @@ class _Loop:
         if config.budget is not None:
             self.auto = config.budget.next_generation()
         elif config.verify_cost is not None:
-            self.auto = AutoBudget.for_sampler(config.verify_cost, config.sampler)
+            self.auto = AutoBudget.for_sampler(config.verify_cost, config.sampler, config.clock)
         self.t_tree = self.t_mask = self.t_walk = 0.0   # this round's tree build, mask build, verify walk
         self.proposed = True   # whether the drafter ran this round (not resting)
         self.way: str | None = None
@@ -145,7 +147,8 @@ class _Loop:
         self.drafter.t_build = 0.0   # a proposal that builds no tree reports none
         t0 = time.perf_counter()
         cap = self.auto.cap() if self.auto is not None else None
-        tree = self.drafter.propose(DraftState(self.tokens, self.room(), self.config.sampler, self.generator, cap))
+        tree = self.drafter.propose(DraftState(self.tokens, self.room(), self.config.sampler, self.generator, cap,
+                                               self.config.clock))
         self.way = self.drafter.way
         sync(self.device)
         t1 = time.perf_counter()
