@@ -178,3 +178,39 @@ def test_the_heads_columns_name_their_tokens():
     assert scores.ids.tolist() == [3, 7, 1, 20, 39] and scores.vocab_size == 40
     torch.testing.assert_close(scores.logits, full(x)[:, scores.ids])
     assert scores.tokens(torch.tensor([0, 4])).tolist() == [3, 39]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["dflash", "ddtree"])
+def test_draws_over_the_heads_columns_keep_the_target_distribution(method, tmp_path):
+    """At T > 0 a drawn tree is built over the head's columns and its laws widened with zeros: the first three
+    tokens' joint law is still the target's (the distribution harness, its real 1-layer Qwen3), and every
+    draft and every law's mass lies on the tokens the head scored that round."""
+    from test_d2sd import random_drafter
+    from test_sampling_distribution import CONFIGS, VOCAB, chi_square, exact_joint, first_three
+
+    model = tiny_qwen3(vocab=VOCAB, hidden=16, layers=1, seed=2)   # as the harness's hf_target
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 2 / p.shape[1] ** 0.5)
+    folder = random_drafter(model, tmp_path / "d", seed=6, block_size=6, layer_ids=(0,))
+    save_vocab(folder, torch.tensor([0, 2]))   # and the context's tokens, as they come
+    drafter = build_drafter(method, model, folder, {"draws": 2} if method == "ddtree" else {})
+    assert drafter.block.vocab is not None
+    propose, checked = drafter.propose, []
+
+    def checking(state):
+        tree = propose(state)
+        kept = drafter.block.vocab.kept
+        if len(tree) and tree.q is not None:
+            checked.append(bool(kept[tree.tokens].all()) and bool((tree.q[:, ~kept] == 0).all()))
+        return tree
+
+    drafter.propose = checking
+    sampler = CONFIGS["top_k"]
+    counts, _ = first_three(model, drafter, sampler, 1_000, seed=3)
+    stat, threshold = chi_square(counts, exact_joint(model, sampler))
+    assert stat < threshold, (stat, threshold)
+    assert checked and all(checked)

@@ -165,10 +165,11 @@ class Generator:
         if sampler not in self.clocks:
             key = None
             if not sampler.greedy:
+                from . import __version__
                 from .engine.budget import cost_key
 
                 options = json.dumps(self.method_options, sort_keys=True, default=str)
-                key = f"{cost_key(self.model)}|{self.method}|{self.drafter}|{options}"
+                key = f"{cost_key(self.model)}|{self.method}|{self.drafter}|{options}|treegen={__version__}"
             self.clocks[sampler] = Clock(key, sampling=not sampler.greedy)
         return self.clocks[sampler]
 

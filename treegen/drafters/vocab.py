@@ -10,6 +10,7 @@ drafted, never what is generated (T=0 output is the target's greedy output; at T
 the law the draft was drawn from)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,22 @@ class Scores:
         out = values.new_full((*values.shape[:-1], self.vocab_size), float("-inf"))
         out[..., self.ids] = values
         return out
+
+
+    def widen_probs(self, probs: torch.Tensor) -> torch.Tensor:
+        """[..., n] probabilities of the columns -> [..., V], 0 for the tokens the head does not score."""
+        if self.ids is None:
+            return probs
+        out = probs.new_zeros((*probs.shape[:-1], self.vocab_size))
+        out[..., self.ids] = probs
+        return out
+
+    def on_vocab(self, tree):
+        """A DraftTree built over the columns -> over token ids (its draft laws, if any, widened)."""
+        if self.ids is None:
+            return tree
+        return dataclasses.replace(tree, tokens=self.tokens(tree.tokens),
+                                   q=None if tree.q is None else self.widen_probs(tree.q))
 
 
 class DraftHead(torch.nn.Module):

@@ -182,6 +182,7 @@ class AutoBudget:
         self.verified: int | None = None   # nodes the last trim kept
         self.rest, self.backoff = 0, 1
         self.catching_up = False   # the round after a rest folds the skipped context: not a typical pass
+        self.first_pass = True     # a generation's first pass folds its prompt: not a typical one either
         self.tokens = self.seconds = 0.0   # running means over drafting rounds
         self.rounds = 0
         self.chosen: deque[int] = deque(maxlen=CAP_WINDOW)   # sizes kept by the last rounds' trims
@@ -242,7 +243,7 @@ class AutoBudget:
         """Carried into another generation of the same generator and sampler (a chat's next turn, a bench's
         next prompt): what it learned (calibration, drafting and overhead times, the drafting rate and its
         backoff) stays, so the new generation neither re-probes nor re-learns; the round-to-round state goes."""
-        self.rest, self.catching_up, self.verified = 0, False, None
+        self.rest, self.catching_up, self.verified, self.first_pass = 0, False, None, True
         if self.rests and self.not_paying():
             self.rest = self.backoff   # drafting did not pay when the last generation ended: start resting
         return self
@@ -269,10 +270,11 @@ class AutoBudget:
         """shape: the drafter's `draw_shape` (the drawn part's nominal nodes a depth, for the cost)."""
         if tree.scores is None or len(tree) == 0:
             return tree  # a method without path scores keeps its own size (prompt-lookup rounds too)
-        if self.t_draft is None:
-            self.t_draft = self.clock("draft", t_draft)
-        elif not self.catching_up:  # a pass folding a rest's context is not a typical one
+        if self.t_draft is None:    # the first pass folds the whole prompt: not a typical one
+            self.t_draft = self.clock.value("draft") if self.clock.fixed else t_draft
+        elif not (self.catching_up or self.first_pass):  # nor is a pass folding a rest's (or a prompt's) context
             self.t_draft = 0.8 * self.t_draft + 0.2 * self.clock("draft", t_draft)
+        self.first_pass = False
         if tree.drawn:
             return self.trim_drawn(tree, shape)
         # stable: on equal scores the lower index (a parent before its child) comes first

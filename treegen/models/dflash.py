@@ -284,6 +284,7 @@ class DFlashDrafter(nn.Module):
         self.rotary = Rotary(config.head_dim, config.rope_theta)
         self._stack: fused.FusedStack | None = None   # compiled_stack(), laid out for these weights' versions
         self._stack_version: tuple | None = None
+        self._params: list[nn.Parameter] | None = None
 
     def quantize_products(self, on: bool = True) -> None:
         """Drafting's products in int8 (engine/int8.py): a quarter of the bytes a pass reads, where a CPU has
@@ -329,7 +330,9 @@ class DFlashDrafter(nn.Module):
                 or not fused.shapes_fit(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                         c.intermediate_size):
             return None
-        params = list(self.parameters())
+        if self._params is None:   # walking the modules each pass costs more than the check itself
+            self._params = list(self.parameters())
+        params = self._params
         version = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
         if self._stack_version != version:
             if any(p.dtype != torch.bfloat16 for p in params):
