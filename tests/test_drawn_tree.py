@@ -167,3 +167,36 @@ def test_treeflash_support_draws_are_draws_from_the_laws_it_reports():
         for counts, probs in checks:
             stat, threshold = chi_square(counts, probs)
             assert stat < threshold, f"depth {d}, parent {parent}: chi-square {stat:.1f} >= {threshold:.1f}"
+
+
+def test_auto_budget_narrows_a_drawn_tree_to_each_parents_first_draws_and_keeps_the_distribution(monkeypatch):
+    """`budget: auto` also picks the drawn part's width: each parent keeps a prefix of its draw order (its law's
+    first draws, by rank, never by what was drawn), here narrower than the drafted 4 in most rounds; the
+    output keeps the target's distribution."""
+    from test_sampled_chain import TRIMMING
+    from test_sampling_distribution import TinyCausalLM
+
+    from treegen.engine import budget
+
+    widths = []
+    within = budget.within_shape
+    monkeypatch.setattr(budget, "within_shape", lambda *a: widths.append(a[3]) or within(*a))
+    target = TinyCausalLM().eval()
+    sampler = CONFIGS["top_k"]
+    counts, _ = first_three(target, DrawnTreeDrafter(target, True), sampler, 8_000, seed=53, verify_cost=TRIMMING)
+    stat, threshold = chi_square(counts, exact_joint(target, sampler))
+    assert stat < threshold, f"chi-square {stat:.1f} >= {threshold:.1f}"
+    assert sum(w < 4 for w in widths) > len(widths) // 2
+
+
+def test_within_shape_keeps_a_prefix_of_each_parents_draws():
+    from treegen.engine.budget import within_shape
+
+    # anchor -> drawn a0 a1 a2 a3 (depth 1); a0 -> b0 b1, a1 -> c0 (depth 2); a deterministic node d under the anchor
+    parents = [-1, -1, -1, -1, 0, 0, 1, -1]
+    drawn = [True] * 7 + [False]
+    depth = [1, 1, 1, 1, 2, 2, 2, 1]
+    assert within_shape(parents, drawn, depth, 4, 2) == [True] * 7 + [False]
+    assert within_shape(parents, drawn, depth, 2, 2) == [True, True, False, False, True, False, False, False]
+    assert within_shape(parents, drawn, depth, 2, 1) == [True, True, False, False, False, False, False, False]
+    assert within_shape(parents, drawn, depth, 1, 2) == [True, False, False, False, True, False, False, False]

@@ -128,9 +128,16 @@ class BlockDrafter(BuildClock):
         self.block = block
         self.target_layer_ids = block.target_layer_ids
         self.sample, self.law = drawing.sample, None   # `sample`; this round's law, if drawing
-        self.draws = drawing.draws               # drawn children per depth, with `sample` (base.with_siblings)
+        self.widest = drawing.draws              # drawn children at depth 1, with `sample` (base.with_siblings)
+        self.draws_cap: int | None = None        # this round's cap on them from the engine (budget: auto), if any
         self.draw_shape = drawing.shape          # a drawn chain with siblings, or a drawn tree (drafters/drawn.py)
         self.max_nodes: int | None = None        # this round's cap from the engine (budget: auto), if any
+
+    @property
+    def draws(self) -> int:
+        """This round's drawn children at depth 1: the `draws` option, or the engine's cap if smaller (set
+        before anything is drawn, from earlier rounds: the shape never depends on this round's draws)."""
+        return self.widest if self.draws_cap is None else max(1, min(self.widest, self.draws_cap))
 
     @property
     def nodes(self) -> int:
@@ -159,7 +166,7 @@ class BlockDrafter(BuildClock):
         return state if self.sample and state.sampling else None
 
     def propose(self, state: DraftState) -> DraftTree:
-        self.law, self.max_nodes = self.sampling(state), state.max_nodes
+        self.law, self.max_nodes, self.draws_cap = self.sampling(state), state.max_nodes, state.max_draws
         depth = min(self.block.block_size - 1, state.max_depth)
         if depth < 1:  # nothing fits; the context still has to reach the drafter's cache
             self.block.hidden(int(state.tokens[-1]))

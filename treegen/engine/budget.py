@@ -35,6 +35,7 @@ REST_MARGIN = 0.9                     # rest only when drafting rounds run below
 REST_WINDOW = 0.2                     # weight of the latest drafting round in the running rate
 REST_AFTER = 4                        # drafting rounds seen before the running rate is trusted
 CAP_WINDOW, CAP_FLOOR = 8, 32         # cap(): rounds it looks back over, the least it asks for
+PRIOR_DECAY = 0.6                     # a drawn child's prior acceptance, rank by rank (DrawnRanks)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ class AutoBudget:
     def __init__(self, cost: VerifyCost, rests: bool = True, clock: Clock | None = None):
         self.cost, self.model, self.rests = cost, AcceptanceModel(), rests
         self.clock = clock or Clock()   # the seconds its choices read (engine/clock.py: fixed when sampling)
-        self.depths = DrawnDepths()   # drawn nodes' acceptance by depth (trim_drawn)
+        self.ranks = DrawnRanks()     # drawn nodes' acceptance by depth and rank (trim_drawn)
         self.t_draft: float | None = None
         self.overhead = 0.0           # a round's seconds besides drafting and the forward (trim, walk, commit)
         self.verified: int | None = None   # nodes the last trim kept
@@ -186,6 +187,7 @@ class AutoBudget:
         self.tokens = self.seconds = 0.0   # running means over drafting rounds
         self.rounds = 0
         self.chosen: deque[int] = deque(maxlen=CAP_WINDOW)   # sizes kept by the last rounds' trims
+        self.widths: deque[int] = deque(maxlen=CAP_WINDOW)   # drawn widths kept by the last rounds' trims
         self.one_row = float(cost([1])[0])   # seconds of a one-row forward
         self.plain_seconds: float | None = None   # running mean of resting rounds' seconds (plain decoding here)
 
@@ -209,6 +211,13 @@ class AutoBudget:
         if len(self.chosen) < CAP_WINDOW:
             return None
         return max(CAP_FLOOR, 2 * max(self.chosen))
+
+    def draw_cap(self) -> int | None:
+        """The most drawn children at depth 1 worth drawing this round: twice the widest the last CAP_WINDOW
+        trims kept (at least 2), so a drafter stops drawing what trim_drawn would drop; None until then."""
+        if len(self.widths) < CAP_WINDOW:
+            return None
+        return max(2, 2 * max(self.widths))
 
     def round_done(self, tokens: int, seconds: float, drafted: bool) -> None:
         """After each round (drafted: the drafter ran, whatever the trim kept): the running tokens/s of
@@ -290,23 +299,34 @@ class AutoBudget:
     def trim_drawn(self, tree: DraftTree, shape: str = "chain") -> DraftTree:
         """A tree with drawn nodes (T > 0). Whether a drawn node is verified must not depend on which token
         was drawn (a draft kept for being likely is no longer a draw from q), nor on anything that does (the
-        deterministic nodes: dedup merges those equal to a draw). So first the drawn depth L, from earlier
-        rounds' acceptance and the nominal widths alone; then the deterministic nodes by score, as above,
-        leaving out those under a drawn node deeper than L."""
-        depth, drawn = tree.depth.cpu(), tree.law.cpu() >= 0
+        deterministic nodes: dedup merges those equal to a draw). So first the drawn part's width W and depth
+        L, from earlier rounds' acceptance by depth and rank and the nominal shapes alone: a drawn node is kept
+        if it lies at depth <= L and its rank is within the shape of W draws at depth 1 (a prefix of each
+        parent's draw order: its law's first draws, as verification needs); then the deterministic nodes
+        outside every dropped drawn node's subtree by score, as above."""
+        depth, drawn = tree.depth.cpu().numpy(), tree.law.cpu().numpy() >= 0
+        parents, is_drawn = tree.parents.tolist(), drawn.tolist()
         max_l = int(depth[drawn].max())
-        expected = 1 + torch.cat([torch.zeros(1), self.depths.reached(max_l).cumsum(0)])      # [L+1]
         # depth 1's draws: their count depends on the context alone (deeper laws may depend on the draws)
         first = int((drawn & (depth == 1)).sum())
-        nominal = torch.tensor([0, *nominal_counts(first, max_l, shape)]).cumsum(0)
-        length = int((expected / ((self.t_draft or 0.0) + torch.from_numpy(self.cost(nominal + 1)))).argmax())
-        keep = drawn & (depth <= length)
-        under = drawn_depth_above(tree.parents.tolist(), torch.where(drawn, depth, 0).tolist())
-        det = ((~drawn) & (under <= length)).nonzero().flatten()
-        scores, order = torch.sort(tree.scores.float().cpu()[det], descending=True, stable=True)
-        keep[det[order[:self.choose(scores, float(expected[length]), int(keep.sum()))]]] = True
+        hazard = self.ranks.hazard()
+        best, width, length, gain = -1.0, first, 0, 1.0
+        for w in draw_widths(first):
+            reach = self.ranks.reached(max_l, w, hazard)
+            expected = 1 + np.concatenate([np.zeros(1), reach.cumsum()])      # [L+1]
+            nominal = np.concatenate([[0], np.cumsum(nominal_counts(w, max_l, shape))])
+            rate = expected / ((self.t_draft or 0.0) + self.cost(nominal + 1))
+            if float(rate.max()) > best:
+                best, width, length = float(rate.max()), w, int(rate.argmax())
+                gain = float(expected[length])
+        self.widths.append(width if length else 0)
+        keep = np.array(within_shape(parents, is_drawn, depth.tolist(), width, length), dtype=bool)
+        det = np.flatnonzero(~drawn & open_nodes(parents, is_drawn, keep.tolist()))
+        scores = host(tree.scores)[det]
+        order = np.argsort(-scores, kind="stable")
+        keep[det[order[:self.choose(scores[order], gain, int(keep.sum()))]]] = True
         self.verified = int(keep.sum())
-        return tree.select(keep.to(tree.tokens.device))
+        return tree.select(torch.from_numpy(keep).to(tree.tokens.device))
 
     def observe(self, tree: DraftTree, path: list[int]) -> None:
         if tree.scores is None or len(tree) == 0:
@@ -318,37 +338,91 @@ class AutoBudget:
             return
         drawn = (tree.law >= 0).cpu().numpy()
         self.model.observe(host(tree.scores)[~drawn], accepted[~drawn])
-        self.depths.observe(tree, path)
+        self.ranks.observe(tree, path)
 
 
-class DrawnDepths:
-    """P(the path takes a drawn node at depth d | it took the one at depth d - 1 whose children were drawn),
-    counts decayed per round like AcceptanceModel's; their running products are the expected drawn tokens."""
+class DrawnRanks:
+    """P(the path takes the drawn child of rank r at depth d | it reached that child's parent and the drawn
+    children of ranks < r were rejected there), counts decayed per round like AcceptanceModel's, with a prior
+    that shrinks by PRIOR_DECAY a rank. From them, the drawn tokens a round expects for any width."""
 
-    def __init__(self, max_depth: int = 64, prior: float = 0.5):
-        self.tried = torch.zeros(max_depth + 1)
-        self.passed = torch.zeros(max_depth + 1)
-        self.prior = prior
+    def __init__(self, max_depth: int = 64, max_rank: int = 64, prior: float = 0.5):
+        self.tried = np.zeros((max_depth + 1, max_rank))
+        self.passed = np.zeros((max_depth + 1, max_rank))
+        self.prior = prior * PRIOR_DECAY ** np.arange(max_rank)
 
-    def reached(self, max_depth: int) -> torch.Tensor:
-        """[max_depth] P(the path holds a drawn node at depth 1 .. max_depth)."""
-        rate = (self.passed + PRIOR_WEIGHT * self.prior) / (self.tried + PRIOR_WEIGHT)
-        return rate[1:max_depth + 1].cumprod(0)
+    def hazard(self) -> np.ndarray:
+        """[depth, rank] each drawn child's acceptance given its turn came (the prior where little was seen)."""
+        return (self.passed + PRIOR_WEIGHT * self.prior) / (self.tried + PRIOR_WEIGHT)
+
+    def reached(self, max_depth: int, first: int, hazard: np.ndarray | None = None) -> np.ndarray:
+        """[max_depth] P(the path holds a drawn node at depth 1 .. max_depth), with `first` draws at depth 1
+        and half as many each depth after (the chain of first draws' widths)."""
+        hazard = self.hazard() if hazard is None else hazard
+        last = hazard.shape[0] - 1
+        passes = [1 - np.prod(1 - hazard[min(d, last), :w]) for d, w in enumerate(widths(first, max_depth), start=1)]
+        return np.cumprod(passes)
 
     def observe(self, tree: DraftTree, path: list[int]) -> None:
-        self.tried.mul_(FORGET)
-        self.passed.mul_(FORGET)
+        self.tried *= FORGET
+        self.passed *= FORGET
         law, parents = tree.law.tolist(), tree.parents.tolist()
-        has_drawn = {parents[i] for i in range(len(law)) if law[i] >= 0}
+        children: dict[int, list[int]] = {}   # parent -> its drawn children in draw order (= index order)
+        for i, p in enumerate(parents):
+            if law[i] >= 0:
+                children.setdefault(p, []).append(i)
         node = -1
         for d, child in enumerate([*path, None], start=1):
-            if node not in has_drawn or d >= len(self.tried):
+            tried = children.get(node, [])
+            if not tried or d >= len(self.tried):
                 return
-            self.tried[d] += 1
-            if child is None or law[child] < 0:
-                return
-            self.passed[d] += 1
-            node = child
+            if child in tried:
+                rank = tried.index(child)
+                if rank < self.tried.shape[1]:
+                    self.tried[d, :rank + 1] += 1
+                    self.passed[d, rank] += 1
+                node = child
+                continue
+            self.tried[d, :min(len(tried), self.tried.shape[1])] += 1   # every drawn child was rejected
+            return
+
+
+def draw_widths(first: int) -> list[int]:
+    """The drawn part's depth-1 widths trim_drawn weighs: `first` and each halving of it, down to 1."""
+    out = [first]
+    while out[-1] > 1:
+        out.append(out[-1] // 2)
+    return out
+
+
+def within_shape(parents: list[int], drawn: list[bool], depth: list[int], width: int, length: int) -> list[bool]:
+    """Per node: a drawn node at depth <= length whose rank among its parent's drawn children is within the
+    shape of `width` draws at depth 1 (engine/tree.drawn_shape: a node whose drawn ancestors' ranks sum to s
+    gets max(width >> d, 1) >> s children), its drawn parent kept too. Ranks and shapes depend on the
+    laws' supports, never on the draws."""
+    keep: list[bool] = []
+    rank_sum: list[int] = []
+    seen: dict[int, int] = {}   # parent -> drawn children so far (the next one's rank)
+    for i, p in enumerate(parents):
+        s = rank_sum[p] if p >= 0 else 0
+        if not drawn[i]:
+            keep.append(False)
+            rank_sum.append(s)
+            continue
+        rank = seen.get(p, 0)
+        seen[p] = rank + 1
+        room = max(width >> (depth[i] - 1), 1) >> s
+        keep.append(depth[i] <= length and rank < room and (p < 0 or not drawn[p] or keep[p]))
+        rank_sum.append(s + rank)
+    return keep
+
+
+def open_nodes(parents: list[int], drawn: list[bool], kept: list[bool]) -> np.ndarray:
+    """[n] per node: no drawn ancestor-or-self was dropped (a deterministic node there may be kept)."""
+    out: list[bool] = []
+    for i, p in enumerate(parents):
+        out.append((p < 0 or out[p]) and (not drawn[i] or kept[i]))
+    return np.array(out, dtype=bool)
 
 
 def nominal_counts(first: int, depth: int, shape: str) -> list[int]:
@@ -362,9 +436,3 @@ def nominal_counts(first: int, depth: int, shape: str) -> list[int]:
     return per_depth
 
 
-def drawn_depth_above(parents: list[int], own: list[int]) -> torch.Tensor:
-    """[n] per node: the depth of its deepest drawn ancestor-or-self (own[i]: node i's depth if drawn, else 0)."""
-    out: list[int] = []
-    for i, p in enumerate(parents):
-        out.append(max(own[i], out[p] if p >= 0 else 0))
-    return torch.tensor(out, dtype=torch.long)

@@ -22,6 +22,7 @@ class DraftState:
     generator: torch.Generator | None = None       # the generation's random stream (None: torch's global one)
     max_nodes: int | None = None   # budget: auto's most nodes it could verify this round (None: no cap)
     clock: Clock | None = None     # the seconds a drafter's own choices read (engine/clock.py; None: measured)
+    max_draws: int | None = None   # budget: auto's most drawn children at depth 1 worth drawing (None: no cap)
 
     @property
     def sampling(self) -> bool:

@@ -146,9 +146,9 @@ class _Loop:
             return DraftTree.empty(self.device)
         self.drafter.t_build = 0.0   # a proposal that builds no tree reports none
         t0 = time.perf_counter()
-        cap = self.auto.cap() if self.auto is not None else None
+        cap, draws = (self.auto.cap(), self.auto.draw_cap()) if self.auto is not None else (None, None)
         tree = self.drafter.propose(DraftState(self.tokens, self.room(), self.config.sampler, self.generator, cap,
-                                               self.config.clock))
+                                               self.config.clock, draws))
         self.way = self.drafter.way
         sync(self.device)
         t1 = time.perf_counter()
