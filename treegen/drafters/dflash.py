@@ -139,6 +139,10 @@ class BlockDrafter(BuildClock):
         before anything is drawn, from earlier rounds: the shape never depends on this round's draws)."""
         return self.widest if self.draws_cap is None else max(1, min(self.widest, self.draws_cap))
 
+    @draws.setter
+    def draws(self, value: int) -> None:
+        self.widest = value
+
     @property
     def nodes(self) -> int:
         """This round's deterministic tree size: the budget, or the engine's cap if smaller (a tree with
