@@ -47,6 +47,21 @@ def test_a_seed_fixes_the_tokens_whatever_the_clock_reads(preset, monkeypatch):
     assert outputs[0] == outputs[1] == outputs[2]
 
 
+def test_the_first_sampled_run_calibrates_before_it_generates(monkeypatch):
+    """Without a calibration on disk, a Generator measures one with a short sampled run of its own before the
+    first sampled generation: that generation's tokens are already those every later run gives."""
+    monkeypatch.setattr(LoadWatch, "busy", property(lambda self: False))
+    prompt, options = "import os\n\ndef walk(path):\n", {"budget": "auto", "draws": 4}
+    outputs = []
+    for run in range(2):
+        with monkeypatch.context() as m:
+            noisy_clock(m, 10 + run)
+            g = Generator(target="demo", method="ddtree", drafter="demo/dflash", method_options=options)
+            outputs.append(g.generate(prompt, max_new_tokens=40, temperature=0.9, seed=5).token_ids)
+            assert g._clock(g.config(temperature=0.9).sampler).fixed
+    assert outputs[0] == outputs[1]
+
+
 def test_greedy_reads_the_clock_and_keeps_nothing():
     clock = C.Clock("key", sampling=False)
     assert not clock.fixed and clock("draft", 0.25) == 0.25

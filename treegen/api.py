@@ -77,6 +77,10 @@ class StreamDecoder:
         return full[len(done):]
 
 
+CALIBRATION_TEXT = "The history of the printing press begins"   # engine/clock.py: what _calibrate generates from
+CALIBRATION_TOKENS = 64
+
+
 @dataclass
 class Generator:
     """A loaded target (+ tokenizer) and a drafting method, ready to generate."""
@@ -170,8 +174,27 @@ class Generator:
 
                 options = json.dumps(self.method_options, sort_keys=True, default=str)
                 key = f"{cost_key(self.model)}|{self.method}|{self.drafter}|{options}|treegen={__version__}"
-            self.clocks[sampler] = Clock(key, sampling=not sampler.greedy)
+            clock = self.clocks[sampler] = Clock(key, sampling=not sampler.greedy)
+            if clock.sampling and not clock.fixed and self.timed_choices:
+                self._calibrate(sampler)
         return self.clocks[sampler]
+
+    @property
+    def timed_choices(self) -> bool:
+        """Whether the method makes choices from round times (`budget: auto`, `lookup: true`)."""
+        return auto_budget(self.method_options) or bool(self.method_options.get("lookup"))
+
+    def _calibrate(self, sampler: Sampler) -> None:
+        """A short sampled generation of a fixed text that measures this setting's round times before the
+        first sampled run uses them (engine/clock.py), so that run's tokens are what its seed gives on every
+        later run too; the budget and the drafter's rates it trained on measured times are dropped."""
+        from .engine.matmul import say
+
+        say("measuring round times for sampled runs (once per machine and setting)")
+        self.generate(CALIBRATION_TEXT, max_new_tokens=CALIBRATION_TOKENS, temperature=sampler.temperature,
+                      top_k=sampler.top_k, top_p=sampler.top_p, min_p=sampler.min_p, seed=0)
+        self.budgets.pop(sampler, None)
+        self.draft_model.forget()
 
     def stream(self, prompt: str | list[int], *, stop: tuple[str, ...] = (), prefix: PrefixCache | None = None,
                **sampling) -> Iterator[Chunk]:

@@ -74,6 +74,10 @@ class LookupFirst(Drafter):
     def t_build(self, value: float) -> None:
         self.inner.t_build = value
 
+    def forget(self) -> None:
+        self.arms.clear()
+        self.inner.forget()
+
     def begin(self, prompt, features) -> None:
         self.pending, self.device, self.first = None, prompt.device, True
         self.inner.begin(prompt, features)

@@ -224,16 +224,16 @@ class AutoBudget:
         drafting rounds against plain decoding's (`plain`); below REST_MARGIN of it, rest (longer each
         time it stays below, back to 1 once drafting pays)."""
         if not drafted:   # a resting round (plain decoding, measured); the next drafting round is the catch-up
-            seconds, last = self.clock("plain", seconds), self.plain_seconds
+            seconds, last = self.clock("plain", seconds, self.one_row + self.overhead), self.plain_seconds
             self.plain_seconds = seconds if last is None else last + REST_WINDOW * (seconds - last)
             return
         verified, self.verified = self.verified, None
         if verified is not None and not self.catching_up:   # the rest of the round: what no size changes
             other = seconds - (self.t_draft or 0.0) - float(self.cost([verified + 1])[0])
-            self.overhead = max(0.0, self.overhead + 0.2 * (self.clock("other", other) - self.overhead))
+            self.overhead = max(0.0, self.overhead + 0.2 * (self.clock("other", other, 0.0) - self.overhead))
         if self.clock.fixed:   # the round as the calibration prices it, not as this run's clock read it
             seconds = (self.t_draft or 0.0) + self.overhead + float(self.cost([verified + 1])[0]) \
-                if verified is not None else self.clock("round", seconds)
+                if verified is not None else self.clock("round", seconds, self.one_row + self.overhead)
         if self.catching_up:
             self.catching_up = False
             return
@@ -280,9 +280,9 @@ class AutoBudget:
         if tree.scores is None or len(tree) == 0:
             return tree  # a method without path scores keeps its own size (prompt-lookup rounds too)
         if self.t_draft is None:    # the first pass folds the whole prompt: not a typical one
-            self.t_draft = self.clock.value("draft") if self.clock.fixed else t_draft
+            self.t_draft = self.clock.value("draft", self.one_row) if self.clock.fixed else t_draft
         elif not (self.catching_up or self.first_pass):  # nor is a pass folding a rest's (or a prompt's) context
-            self.t_draft = 0.8 * self.t_draft + 0.2 * self.clock("draft", t_draft)
+            self.t_draft = 0.8 * self.t_draft + 0.2 * self.clock("draft", t_draft, self.one_row)
         self.first_pass = False
         if tree.drawn:
             return self.trim_drawn(tree, shape)

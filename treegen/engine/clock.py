@@ -3,9 +3,10 @@
 Greedy: the clock measured now (a choice changes the speed, never the tokens). Sampling: a tree's shape
 decides which random numbers are drawn and what they are compared with, so a choice that read this run's
 clock would give the same seed other tokens on the next run. There the choices read this machine's
-calibration instead: per kind of time, its mean over an earlier sampled generation of the same target,
-method and setting, kept on disk (round-times.json). The first sampled generation without one measures
-(and keeps it if the machine was quiet); from then on a seed fixes the tokens.
+calibration instead: per kind of time, its mean over a sampled generation of the same target, method and
+setting, kept on disk (round-times.json). Without one, the Generator first runs a short sampled generation of
+its own to measure it (api.Generator._clock); kept if the machine was quiet, from then on, the first run
+included, a seed fixes the tokens.
 """
 from __future__ import annotations
 
@@ -41,18 +42,18 @@ class Clock:
         """Choices read the calibration, not this run's clock."""
         return self.means is not None
 
-    def __call__(self, kind: str, measured: float) -> float:
+    def __call__(self, kind: str, measured: float, default: float | None = None) -> float:
         self.sums[kind] += measured
         self.counts[kind] += 1
-        return self.value(kind) if self.fixed else measured
+        return self.value(kind, default) if self.fixed else measured
 
-    def value(self, kind: str) -> float:
-        """The calibrated seconds of `kind`; a kind the calibration never saw reads as the mean of the kinds
-        it did (the same on every run: only the calibration decides it)."""
+    def value(self, kind: str, default: float | None = None) -> float:
+        """The calibrated seconds of `kind`; a kind the calibration never saw reads as `default` (a caller's
+        estimate from fixed data), else the mean of the kinds it did: the same on every run."""
         assert self.means is not None
         if kind in self.means:
             return self.means[kind]
-        return sum(self.means.values()) / len(self.means)
+        return default if default is not None else sum(self.means.values()) / len(self.means)
 
     def calibrate(self, watch: LoadWatch) -> None:
         """After a sampled generation measured on this clock: keep its means (if the machine was quiet) and

@@ -53,6 +53,10 @@ class Drafter(Protocol):
         """The round's committed tokens (accepted drafts + bonus) and the target features of the rows
         that were accepted (the anchor and the accepted drafts; the bonus has none yet)."""
 
+    def forget(self) -> None:
+        """Drop what earlier generations taught it from round times (a router's rates): the engine calls it
+        after a calibration run, whose choices read a clock the runs after it do not (engine/clock.py)."""
+
 
 def sync(device: torch.device) -> None:
     """Wait for queued GPU work, so that a timer reads what ran before it (a no-op on the CPU)."""
