@@ -191,6 +191,8 @@ class Generator:
         from .engine.matmul import say
 
         say("measuring round times for sampled runs (once per machine and setting)")
+        if self.verify_cost is not None:   # drafting every round: a resting budget would measure few passes
+            self.budgets[sampler] = AutoBudget(self.verify_cost, rests=False, clock=self.clocks[sampler])
         self.generate(CALIBRATION_TEXT, max_new_tokens=CALIBRATION_TOKENS, temperature=sampler.temperature,
                       top_k=sampler.top_k, top_p=sampler.top_p, min_p=sampler.min_p, seed=0)
         self.budgets.pop(sampler, None)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .disk import LoadWatch, cache_root, keep_if_quiet, read_table
 
-MIN_SAMPLES = 8   # a kind measured fewer times is not kept (a choice that reads it falls back, below)
+MIN_SAMPLES = 3   # a kind measured fewer times is not kept (a choice that reads it falls back, below)
 
 
 def calibration_file() -> Path:
