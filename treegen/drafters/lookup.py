@@ -5,10 +5,11 @@ the method's own tree, or no drafts at all (plain decoding through the same loop
 Why: on a CPU the drafter pass is a third of a tree round. Where text repeats (code that reuses its own
 names, a reply that quotes the prompt) a lookup round commits as much for the price of a small verify; where
 a drafter does poorly (a target it was not trained well for) plain decoding is the faster round. Rates are
-measured, not assumed (when sampling, on the engine's calibrated clock: engine/clock.py): committed tokens per second from proposal to commit, per context (the matched
-n-gram's length, or no match) and way, decayed so the choice follows the text; each way runs TRIES rounds
-in a context first, and a losing way runs again after RETRY_EVERY rounds without it. Skipped drafter passes
-lose nothing: the drafter folds the features of every committed token into its next pass.
+measured, not assumed (when sampling, on the engine's calibrated clock: engine/clock.py): committed tokens
+per second from proposal to commit, per context (the matched n-gram's length, or no match) and way, decayed
+so the choice follows the text; each way runs TRIES rounds in a context first, and a losing way runs again
+after RETRY_EVERY rounds without it. Skipped drafter passes lose nothing: the drafter folds the features of
+every committed token into its next pass.
 """
 from __future__ import annotations
 
@@ -87,7 +88,9 @@ class LookupFirst(Drafter):
             arm, t0 = self.pending
             sync(self.device)
             seconds = time.perf_counter() - t0
-            self.arms[arm].observe(len(tokens), seconds if self.clock is None else self.clock(f"way:{arm[1]}", seconds))
+            if self.clock is not None:
+                seconds = self.clock(f"way:{arm[1]}", seconds)
+            self.arms[arm].observe(len(tokens), seconds)
         self.inner.commit(tokens, features)
 
     def propose(self, state: DraftState) -> DraftTree:

@@ -57,22 +57,14 @@ class Scores:
     def tokens(self, columns: torch.Tensor) -> torch.Tensor:
         return columns if self.ids is None else self.ids[columns]
 
-    def widen(self, values: torch.Tensor) -> torch.Tensor:
-        """[..., n] values of the columns -> [..., V], -inf for the tokens the head does not score (the laws
-        that drawn drafts come from are verified over the whole vocabulary)."""
+    def widen(self, values: torch.Tensor, fill: float = float("-inf")) -> torch.Tensor:
+        """[..., n] values of the columns -> [..., V], `fill` for the tokens the head does not score (-inf for
+        logits, 0 for probabilities: the laws that drawn drafts come from are verified over the whole
+        vocabulary)."""
         if self.ids is None:
             return values
-        out = values.new_full((*values.shape[:-1], self.vocab_size), float("-inf"))
+        out = values.new_full((*values.shape[:-1], self.vocab_size), fill)
         out[..., self.ids] = values
-        return out
-
-
-    def widen_probs(self, probs: torch.Tensor) -> torch.Tensor:
-        """[..., n] probabilities of the columns -> [..., V], 0 for the tokens the head does not score."""
-        if self.ids is None:
-            return probs
-        out = probs.new_zeros((*probs.shape[:-1], self.vocab_size))
-        out[..., self.ids] = probs
         return out
 
     def on_vocab(self, tree):
@@ -80,7 +72,7 @@ class Scores:
         if self.ids is None:
             return tree
         return dataclasses.replace(tree, tokens=self.tokens(tree.tokens),
-                                   q=None if tree.q is None else self.widen_probs(tree.q))
+                                   q=None if tree.q is None else self.widen(tree.q, 0.0))
 
 
 class DraftHead(torch.nn.Module):

@@ -197,8 +197,8 @@ class AutoBudget:
         return cls(cost, rests=not sampler.greedy, clock=clock)
 
     def choose(self, scores, expected: float = 1.0, rows: int = 0) -> int:
-        """How many of the nodes (scores sorted best first: an array or tensor) to verify, beside `rows` nodes kept already that
-        bring `expected` tokens a round (the bonus token included)."""
+        """How many of the nodes (scores sorted best first: an array or tensor) to verify, beside `rows` nodes
+        kept already that bring `expected` tokens a round (the bonus token included)."""
         accepted = self.model.probability(scores).cumsum()
         gains = np.float32(expected) + np.concatenate([np.zeros(1, np.float32), accepted])
         seconds = (self.t_draft or 0.0) + self.overhead + self.cost(rows + np.arange(len(scores) + 1) + 1)
