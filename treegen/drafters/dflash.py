@@ -179,9 +179,9 @@ class BlockDrafter(BuildClock):
 
     def draft(self, anchor: int, depth: int) -> DraftTree:
         """The tree from this round's one drafter pass; by default, from the marginals alone. Built over the
-        head's columns (a restricted vocabulary: 8,192 of 49,152 tokens, the rest never drafted), then its
+        head's columns (a restricted vocabulary: its kept tokens only, the rest never drafted), then its
         tokens mapped back and its draws' laws widened with zeros (verification divides by them over the
-        whole vocabulary): the same laws the whole row gives, at a sixth of the work."""
+        whole vocabulary): the same laws the whole row gives, for the columns' share of the work."""
         scores = self.block.marginal(anchor, depth)
         logp = torch.log_softmax(scores.logits, dim=-1)
         with self.building(logp.device):

@@ -1,6 +1,6 @@
 """A decoder stack's forward as one compiled call (row_decoder.c): bf16 on a CPU with AVX512-BF16.
 
-Why: a one-row step of a small model is mostly the ~20 Python-side calls a layer makes around its compiled
+Why: a one-row step of a small model is mostly the Python-side calls each layer makes around its compiled
 products (views, splits, allocations, ctypes calls). The compiled stack makes the same steps in the same order
 (row_matmul.c's products, row_ops.c's norms and rotary embedding, row_attention.c's attention), one call a
 forward. Every step computes each row alone in a fixed order, so a row's bits are the same whether the forward

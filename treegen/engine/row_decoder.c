@@ -1,7 +1,7 @@
 /* A whole decoder stack's forward in one call, bf16 on AVX512-BF16 (treegen/engine/fused.py drives it): the
    same compiled steps the per-layer path calls one by one from Python (row_matmul.c's products, row_ops.c's
-   norm and rotary embedding, row_attention.c's attention), so a step pays ~30 layers of work and none of the
-   ~600 small Python-side calls around it. Every step computes each row alone in a fixed order, so a row's
+   norm and rotary embedding, row_attention.c's attention), so a step pays its layers' arithmetic and none
+   of the small Python-side calls around it. Every step computes each row alone in a fixed order, so a row's
    bits depend neither on the rows beside it nor on the thread count: plain decoding and a tree's verify
    agree bit for bit.
 
