@@ -10,6 +10,7 @@ from .base import Drawing, with_spine
 from .best_first import marginal_tree
 from .dflash import BlockDrafter, DFlashBlock
 from .drawn import marginal_spine
+from .select import top_k
 
 
 class DDTreeDrafter(BlockDrafter):
@@ -22,6 +23,17 @@ class DDTreeDrafter(BlockDrafter):
         super().__init__(block, drawing=drawing)
         self.budget = budget
         self.top_k = top_k or budget  # no node can rank below `budget` among its siblings
+
+    def draft(self, anchor: int, depth: int) -> DraftTree:
+        if self.law is not None:
+            return super().draft(anchor, depth)
+        # greedy: no node of `nodes` ranks lower among its siblings, nor lies deeper; one pass a depth ranks
+        # its top tokens and gives the log-sum-exp that makes them log-probs
+        nodes = self.nodes
+        scores = self.block.marginal(anchor, min(depth, nodes))
+        top = top_k(scores.logits, min(self.top_k, nodes))
+        with self.building(scores.logits.device):
+            return scores.on_vocab(marginal_tree(top.values - top.lse[:, None], top.columns, nodes))
 
     def tree(self, logp: torch.Tensor) -> DraftTree:
         if self.law is None:   # no node of `nodes` ranks lower among its siblings, nor lies deeper

@@ -24,6 +24,7 @@ from .best_first import best_first
 from .dflash import BlockDrafter, DFlashBlock
 from .drawn import Level, drawn_tree, first_draws
 from .precision import float_dtype
+from .select import gathered_logits, top_k
 from .vocab import Scores
 
 
@@ -32,6 +33,7 @@ class Scored(NamedTuple):
     support: torch.Tensor | None   # [D, s] each depth's scored tokens; None = the whole vocabulary
     logits: torch.Tensor           # [D, m, s or V] the head's conditional logits per (depth, candidate)
     columns: torch.Tensor | None = None   # [D, s] the support's columns of the marginal's Scores
+    share: torch.Tensor | None = None     # [D] log P(support) under the marginal (at temperature 1)
 
 
 def default_support(device: torch.device) -> int:
@@ -276,8 +278,9 @@ class TreeFlashDrafter(BlockDrafter):
         depth, m = hidden.shape[0], m or self.top_m
         head, final_norm = self.model.ar_approximation, self.model.model.norm
         marginal, state = parts
-        # one top-k serves both: on a CPU each costs as much as the head's biggest matmul
-        columns = marginal.logits.topk(max(m, self.support), dim=-1).indices        # [D, max(m, s)]
+        # one top-k serves both (with the row's log-sum-exp: the support's share of the mass)
+        top = top_k(marginal.logits, max(m, self.support))
+        columns = top.columns                                                        # [D, max(m, s)]
         ranked = marginal.tokens(columns)
         top_m = ranked[:, :m]                                                        # [D, m]
         prev = torch.cat([torch.tensor([anchor], device=hidden.device), top_m[:-1].flatten()])
@@ -288,9 +291,9 @@ class TreeFlashDrafter(BlockDrafter):
         if not self.support:
             return Scored(top_m, None, self.block.lm_head(states).float())
         support = ranked[:, :self.support]                                           # [D, s]
-        rows = self.block.lm_head.weight.index_select(0, support.flatten()).view(*support.shape, -1)
-        logits = torch.bmm(states, rows.transpose(1, 2)).float() + self.outside(support)[:, None]
-        return Scored(top_m, support, logits, columns[:, :self.support])             # [D, m, s]
+        logits = gathered_logits(states, self.block.lm_head.weight, support) + self.outside(support)[:, None]
+        share = top.values[:, :self.support].logsumexp(-1) - top.lse
+        return Scored(top_m, support, logits, columns[:, :self.support], share)      # [D, m, s]
 
     def outside(self, support: torch.Tensor) -> torch.Tensor:
         """-inf for support tokens outside the drafter's vocabulary (the `vocab` option), else 0: the support
@@ -326,11 +329,14 @@ class TreeFlashDrafter(BlockDrafter):
             top = torch.log_softmax(logits / t, dim=-1).topk(self.top_k, dim=-1)
             return top.values, top.indices
         # the support keeps the marginal's share of the mass: log P(S) - logsumexp over S of the conditional
-        scaled = marginal.logits if t == 1.0 else marginal.logits / t
-        share = scaled.gather(1, scored.columns).logsumexp(-1) - scaled.logsumexp(-1)
-        logp = (logits / t).log_softmax(-1) + share[:, None, None]
-        top = logp.topk(self.top_k, dim=-1)
-        return top.values, support[:, None, :].expand_as(logits).gather(2, top.indices)
+        if t == 1.0 and scored.share is not None:
+            share = scored.share
+        else:
+            scaled = marginal.logits / t
+            share = scaled.gather(1, scored.columns).logsumexp(-1) - scaled.logsumexp(-1)
+        top = top_k(logits if t == 1.0 else logits / t, self.top_k)                  # [D, m, k], lse [D, m]
+        logp = top.values - top.lse[..., None] + share[:, None, None]
+        return logp, support[:, None, :].expand_as(logits).gather(2, top.columns)
 
 
 def load_treeflash_block(target, drafter_path: str) -> tuple[DFlashBlock, TreeFlashModel]:

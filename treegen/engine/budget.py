@@ -35,6 +35,7 @@ REST_MARGIN = 0.9                     # rest only when drafting rounds run below
 REST_WINDOW = 0.2                     # weight of the latest drafting round in the running rate
 REST_AFTER = 4                        # drafting rounds seen before the running rate is trusted
 CAP_WINDOW, CAP_FLOOR = 8, 32         # cap(): rounds it looks back over, the least it asks for
+DEPTH_FLOOR = 4                       # depth_cap(): the least depth it asks for
 PRIOR_DECAY = 0.6                     # a drawn child's prior acceptance, rank by rank (DrawnRanks)
 
 
@@ -188,6 +189,7 @@ class AutoBudget:
         self.rounds = 0
         self.chosen: deque[int] = deque(maxlen=CAP_WINDOW)   # sizes kept by the last rounds' trims
         self.widths: deque[int] = deque(maxlen=CAP_WINDOW)   # drawn widths kept by the last rounds' trims
+        self.depths: deque[int] = deque(maxlen=CAP_WINDOW)   # deepest nodes kept by the last rounds' trims
         self.one_row = float(cost([1])[0])   # seconds of a one-row forward
         self.plain_seconds: float | None = None   # running mean of resting rounds' seconds (plain decoding here)
 
@@ -211,6 +213,13 @@ class AutoBudget:
         if len(self.chosen) < CAP_WINDOW:
             return None
         return max(CAP_FLOOR, 2 * max(self.chosen))
+
+    def depth_cap(self) -> int | None:
+        """The deepest node worth drafting this round: twice the deepest the last CAP_WINDOW trims kept (at
+        least DEPTH_FLOOR), so a block drafter scores only the depths the trim could keep; None until then."""
+        if len(self.depths) < CAP_WINDOW:
+            return None
+        return max(DEPTH_FLOOR, 2 * max(self.depths))
 
     def draw_cap(self) -> int | None:
         """The most drawn children at depth 1 worth drawing this round: twice the widest the last CAP_WINDOW
@@ -294,6 +303,7 @@ class AutoBudget:
         self.verified = size
         keep = np.zeros(len(tree), dtype=bool)
         keep[order[:size]] = True
+        self.depths.append(int(host(tree.depth)[keep].max()) if size else 0)
         return tree.select(torch.from_numpy(keep).to(tree.tokens.device))
 
     def trim_drawn(self, tree: DraftTree, shape: str = "chain") -> DraftTree:
@@ -326,6 +336,7 @@ class AutoBudget:
         order = np.argsort(-scores, kind="stable")
         keep[det[order[:self.choose(scores[order], gain, int(keep.sum()))]]] = True
         self.verified = int(keep.sum())
+        self.depths.append(int(depth[keep].max()) if self.verified else 0)
         return tree.select(torch.from_numpy(keep).to(tree.tokens.device))
 
     def observe(self, tree: DraftTree, path: list[int]) -> None:

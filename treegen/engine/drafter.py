@@ -17,7 +17,7 @@ from .tree import DraftTree
 @dataclass(frozen=True)
 class DraftState:
     tokens: torch.Tensor   # [L] every committed token (prompt + generated); the last one is the anchor
-    max_depth: int         # deepest node the engine can still verify (context and max_new_tokens)
+    max_depth: int         # deepest node worth drafting: the limits (context, max_new_tokens), budget: auto's cap
     sampler: Sampler | None = None                 # the target's sampling law (a drafter may sample by it)
     generator: torch.Generator | None = None       # the generation's random stream (None: torch's global one)
     max_nodes: int | None = None   # budget: auto's most nodes it could verify this round (None: no cap)

@@ -146,9 +146,11 @@ class _Loop:
             return DraftTree.empty(self.device)
         self.drafter.t_build = 0.0   # a proposal that builds no tree reports none
         t0 = time.perf_counter()
-        cap, draws = (self.auto.cap(), self.auto.draw_cap()) if self.auto is not None else (None, None)
-        tree = self.drafter.propose(DraftState(self.tokens, self.room(), self.config.sampler, self.generator, cap,
-                                               self.config.clock, draws))
+        room = self.room()
+        cap, draws, deepest = (self.auto.cap(), self.auto.draw_cap(), self.auto.depth_cap()) \
+            if self.auto is not None else (None, None, None)
+        tree = self.drafter.propose(DraftState(self.tokens, room if deepest is None else min(room, deepest),
+                                               self.config.sampler, self.generator, cap, self.config.clock, draws))
         self.way = self.drafter.way
         sync(self.device)
         t1 = time.perf_counter()

@@ -1,8 +1,9 @@
 """The CPU verify forward's compiled kernels, built once per machine with the system's C compiler into the cache
 folder and loaded with ctypes: row_attention.c (attention; without it engine/invariant.py's torch path serves,
 the same row invariance, slower), row_matmul.c (bf16 products on AVX512-BF16; without it engine/matmul.py's
-other forms serve), row_ops.c (RMS norm, rotary embedding) and row_int8.c (weight-only int8 products,
-engine/int8.py). None where no compiler is found or a build fails."""
+other forms serve), row_ops.c (RMS norm, rotary embedding), row_int8.c (weight-only int8 products,
+engine/int8.py) and row_select.c (drafting's top-k and support logits, drafters/select.py). None where no
+compiler is found or a build fails."""
 from __future__ import annotations
 
 import ctypes
@@ -22,6 +23,7 @@ SOURCE = Path(__file__).with_name("row_attention.c")
 MATMUL_SOURCE = Path(__file__).with_name("row_matmul.c")
 OPS_SOURCE = Path(__file__).with_name("row_ops.c")
 INT8_SOURCE = Path(__file__).with_name("row_int8.c")
+SELECT_SOURCE = Path(__file__).with_name("row_select.c")
 DECODER_SOURCE = Path(__file__).with_name("row_decoder.c")   # includes the attention, product and ops sources
 HEADER = Path(__file__).with_name("row_common.h")   # included by the sources: part of every build's name
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math")
@@ -31,6 +33,8 @@ MATMUL_ARGS = [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, ctypes.c_int]
 INT8_ARGS = [_ptr, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr, _i64, ctypes.c_int]
 NORM_ARGS = [_ptr, _i64, _i64, _i64, _ptr, ctypes.c_float, _ptr]
 ROPE_ARGS = [_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr]
+TOP_ARGS = [_ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr]
+GATHERED_ARGS = [_ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _i64, _ptr, ctypes.c_int]
 MAX_ROPE_DIM = 1024
 
 
@@ -39,7 +43,7 @@ def tag() -> str:
     """The kernels' sources in a few characters: a measurement kept on disk (a verify cost, a matmul choice)
     belongs to the kernels it timed, and a new version measures again."""
     digest = hashlib.sha256()
-    for path in (SOURCE, MATMUL_SOURCE, OPS_SOURCE, INT8_SOURCE, DECODER_SOURCE, HEADER):
+    for path in (SOURCE, MATMUL_SOURCE, OPS_SOURCE, INT8_SOURCE, SELECT_SOURCE, DECODER_SOURCE, HEADER):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:10]
 
@@ -87,6 +91,18 @@ def int8_library() -> ctypes.CDLL | None:
     if lib is not None:
         lib.row_int8_f32.argtypes, lib.row_int8_f32.restype = INT8_ARGS, None
         lib.row_int8_vectorized.argtypes, lib.row_int8_vectorized.restype = [], ctypes.c_int
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def select_library() -> ctypes.CDLL | None:
+    """The built selections of drafting (row_select.c: per-row top-k with log-sum-exp, gathered dot products),
+    or None (as library())."""
+    lib = build(SELECT_SOURCE)
+    if lib is not None:
+        lib.top_k_lse_f32.argtypes, lib.top_k_lse_f32.restype = TOP_ARGS, None
+        for name in ("gathered_dot_f32", "gathered_dot_bf16"):
+            getattr(lib, name).argtypes, getattr(lib, name).restype = GATHERED_ARGS, None
     return lib
 
 
@@ -270,4 +286,4 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 def build_all() -> None:
     """Every kernel built now: before a measurement starts, so that the compiler's processes do not count as
     other work on the machine (disk.LoadWatch)."""
-    library(), matmul_library(), ops_library(), int8_library(), decoder_library()
+    library(), matmul_library(), ops_library(), int8_library(), select_library(), decoder_library()

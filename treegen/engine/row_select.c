@@ -1,0 +1,173 @@
+/* Drafting's selections in one call each (treegen/engine/kernels.py builds and loads it, drafters/select.py
+   calls it): per row the k largest values, their columns and the row's log-sum-exp (a topk and a logsumexp
+   are six torch passes over the row), and the support's logits, the dot products of states with gathered
+   weight rows (a row gather and a batched product in torch). Drafts are only ranked by these numbers: a
+   round's exactness never depends on their bits, a draft's quality does. Every value is computed in a fixed
+   order (16 interleaved lanes, then a fixed tree), so a run repeats itself. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "row_common.h"
+
+/* e^x for x <= 0 with a relative error below 2e-7: 2^n times a degree-6 series of 2^f, f in [-0.5, 0.5];
+   0 below -87. With AVX512F, 16 at a time (libm's expf is a call per value). */
+#define LOG2E 1.44269504088896341f
+#define LN2 0.69314718055994531f
+static inline float exp_nonpositive(float x) {
+    float t = (x < -87.0f ? -87.0f : x) * LOG2E;
+    float n = floorf(t + 0.5f), f = (t - n) * LN2;
+    float p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return x < -87.0f ? 0.0f : p * scale;
+}
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+static inline __m512 exp_nonpositive16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.0f);
+    __mmask16 live = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+    __m512 t = _mm512_mul_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(LOG2E));
+    __m512 n = _mm512_roundscale_ps(_mm512_add_ps(t, _mm512_set1_ps(0.5f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(LN2));
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    const float c[6] = {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+    for (int i = 0; i < 6; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mov_ps(live, _mm512_mul_ps(p, _mm512_castsi512_ps(bits)));
+}
+#endif
+
+/* Entry a ranks below entry b: a smaller value, or an equal value at a higher column. */
+static inline int below(float va, int64_t ca, float vb, int64_t cb) { return va < vb || (va == vb && ca > cb); }
+
+/* The k-entry heap (val, col) whose root ranks lowest: entry i replaced by (v, c), sifted down. */
+static inline void sift(float *val, int64_t *col, int64_t k, int64_t i, float v, int64_t c) {
+    for (;;) {
+        int64_t child = 2 * i + 1;
+        if (child >= k) break;
+        if (child + 1 < k && below(val[child + 1], col[child + 1], val[child], col[child])) ++child;
+        if (!below(val[child], col[child], v, c)) break;
+        val[i] = val[child];
+        col[i] = col[child];
+        i = child;
+    }
+    val[i] = v;
+    col[i] = c;
+}
+
+/* x [rows, n] (rows `stride` apart), 1 <= k <= n -> val / col [rows, k]: each row's k largest values, largest
+   first (the lower column first among equals), and lse [rows]: log(sum(exp(x))), -inf for a row of -inf. A
+   heap of the k best so far; a block of 16 with no value above its lowest is passed over whole (most are). */
+void top_k_lse_f32(const float *x, int64_t rows, int64_t n, int64_t stride, int64_t k, float *val,
+                   int64_t *col, float *lse) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * stride;
+        float *vr = val + r * k;
+        int64_t *cr = col + r * k, j;
+        for (j = 0; j < k; ++j) {   /* a heap of the first k: each sifted up from the end */
+            int64_t i = j;
+            while (i > 0 && below(xr[j], j, vr[(i - 1) / 2], cr[(i - 1) / 2])) {
+                vr[i] = vr[(i - 1) / 2];
+                cr[i] = cr[(i - 1) / 2];
+                i = (i - 1) / 2;
+            }
+            vr[i] = xr[j];
+            cr[i] = j;
+        }
+        /* a later column replaces the root only with a larger value (an equal one ranks below it) */
+        for (; j < n && j % LANES; ++j)
+            if (xr[j] > vr[0]) sift(vr, cr, k, 0, xr[j], j);
+        for (; j + LANES <= n; j += LANES) {
+#ifdef __AVX512F__
+            unsigned above = _mm512_cmp_ps_mask(_mm512_loadu_ps(xr + j), _mm512_set1_ps(vr[0]), _CMP_GT_OQ);
+            for (; above; above &= above - 1) {
+                int l = __builtin_ctz(above);
+                if (xr[j + l] > vr[0]) sift(vr, cr, k, 0, xr[j + l], j + l);
+            }
+#else
+            for (int l = 0; l < LANES; ++l)
+                if (xr[j + l] > vr[0]) sift(vr, cr, k, 0, xr[j + l], j + l);
+#endif
+        }
+        for (; j < n; ++j)
+            if (xr[j] > vr[0]) sift(vr, cr, k, 0, xr[j], j);
+        for (int64_t end = k - 1; end > 0; --end) {   /* heap sort: the lowest goes last, so best first */
+            float v = vr[end];
+            int64_t c = cr[end];
+            vr[end] = vr[0];
+            cr[end] = cr[0];
+            sift(vr, cr, end, 0, v, c);
+        }
+        float best = vr[0];
+        if (isinf(best) && best < 0) {
+            lse[r] = best;
+            continue;
+        }
+        float lanes[LANES] = {0};
+        int64_t d = 0;
+#ifdef __AVX512F__
+        __m512 acc = _mm512_setzero_ps(), shift = _mm512_set1_ps(best);
+        for (; d + LANES <= n; d += LANES)
+            acc = _mm512_add_ps(acc, exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(xr + d), shift)));
+        _mm512_storeu_ps(lanes, acc);
+#else
+        for (; d + LANES <= n; d += LANES)
+            for (int l = 0; l < LANES; ++l) lanes[l] += exp_nonpositive(xr[d + l] - best);
+#endif
+        for (; d < n; ++d) lanes[d % LANES] += exp_nonpositive(xr[d] - best);
+        lse[r] = best + logf(lane_tree(lanes));
+    }
+}
+
+static inline float load_f32(float x) { return x; }
+
+/* out[g, r, j] = dot(states[g, r], w[idx[g, j]]): states fp32 [groups, m, h] contiguous, w rows `wstride`
+   apart, idx [groups, s]; h % 16 == 0 and h <= 4096. A weight row is read once (as fp32) for all m states,
+   up to 8 of them side by side (independent sums); groups are split over the threads. */
+#define ROWS_AT_ONCE 8
+#ifdef __AVX512F__
+static inline void dots(const float *x, int64_t h, int64_t rows, const float *row, float *out, int64_t gap) {
+    __m512 acc[ROWS_AT_ONCE];
+    for (int64_t r = 0; r < ROWS_AT_ONCE; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < h; d += LANES) {
+        __m512 w = _mm512_loadu_ps(row + d);
+        for (int64_t r = 0; r < rows; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * h + d), w, acc[r]);
+    }
+    float lanes[LANES];
+    for (int64_t r = 0; r < rows; ++r) {
+        _mm512_storeu_ps(lanes, acc[r]);
+        out[r * gap] = lane_tree(lanes);
+    }
+}
+#else
+static inline void dots(const float *x, int64_t h, int64_t rows, const float *row, float *out, int64_t gap) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float lanes[LANES] = {0};
+        for (int64_t d = 0; d < h; d += LANES)
+            for (int l = 0; l < LANES; ++l) lanes[l] += x[r * h + d + l] * row[d + l];
+        out[r * gap] = lane_tree(lanes);
+    }
+}
+#endif
+
+#define DEFINE_GATHERED(NAME, T, LOAD)                                                                        \
+void NAME(const float *states, int64_t groups, int64_t m, int64_t h, const T *w, int64_t wstride,             \
+          const int64_t *idx, int64_t s, float *out, int threads) {                                            \
+    _Pragma("omp parallel for num_threads(threads) schedule(static)")                                          \
+    for (int64_t g = 0; g < groups; ++g) {                                                                     \
+        float row[4096];                                                                                       \
+        for (int64_t j = 0; j < s; ++j) {                                                                      \
+            const T *wr = w + idx[g * s + j] * wstride;                                                        \
+            for (int64_t d = 0; d < h; ++d) row[d] = LOAD(wr[d]);                                              \
+            for (int64_t r0 = 0; r0 < m; r0 += ROWS_AT_ONCE)                                                   \
+                dots(states + (g * m + r0) * h, h, m - r0 < ROWS_AT_ONCE ? m - r0 : ROWS_AT_ONCE, row,         \
+                     out + (g * m + r0) * s + j, s);                                                           \
+        }                                                                                                      \
+    }                                                                                                          \
+}
+
+DEFINE_GATHERED(gathered_dot_f32, float, load_f32)
+DEFINE_GATHERED(gathered_dot_bf16, uint16_t, from_bf16)
