@@ -73,10 +73,12 @@ class DFlashBlock:
         if self.vocab is not None and tokens is not None:
             self.vocab.admit(tokens)
 
-    def hidden(self, anchor: int, normed: bool = True) -> torch.Tensor:
-        """[B, H] drafter states of the block [anchor, MASK...]; folds the pending context into the cache.
-        normed=False: before the drafter's final norm."""
-        ids = torch.full((1, self.block_size), self.model.config.mask_token_id, device=self.device)
+    def hidden(self, anchor: int, normed: bool = True, length: int | None = None) -> torch.Tensor:
+        """[L, H] drafter states of the block [anchor, MASK...] (L: the block size, or `length` if shorter: a
+        round that drafts fewer depths runs fewer mask rows; measured, the kept depths' drafts accept as
+        well); folds the pending context into the cache. normed=False: before the drafter's final norm."""
+        length = self.block_size if length is None else max(1, min(length, self.block_size))
+        ids = torch.full((1, length), self.model.config.mask_token_id, device=self.device)
         ids[0, 0] = anchor
         return self.run(ids, normed)[0]
 
@@ -111,7 +113,7 @@ class DFlashBlock:
 
     def marginal(self, anchor: int, depth: int) -> Scores:
         """Scores of block positions 1..depth, each conditioned on the context only."""
-        return self.scores(self.hidden(anchor)[1:1 + depth])
+        return self.scores(self.hidden(anchor, length=depth + 1)[1:1 + depth])
 
     def marginal_logits(self, anchor: int, depth: int) -> torch.Tensor:
         """[depth, V] logits of the marginal, -inf for the tokens the head does not score."""

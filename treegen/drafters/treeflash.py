@@ -89,7 +89,7 @@ class TreeFlashDrafter(BlockDrafter):
         self.make_table()
 
     def draft(self, anchor: int, depth: int) -> DraftTree:
-        hidden = self.block.hidden(anchor, normed=False)[1:1 + depth]   # [D, H] before the final norm
+        hidden = self.block.hidden(anchor, normed=False, length=depth + 1)[1:]   # [D, H] before the final norm
         parts = self.parts(hidden)
         if self.law is not None:   # drawn drafts: laws over the whole vocabulary (verification divides by them)
             parts = (Scores(parts[0].widen(parts[0].logits)), parts[1])
