@@ -26,7 +26,8 @@ def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, bu
 
     A node's score is the sum of the log-probs on its path. A popped node (d, r, k) pushes its next
     sibling (d, r, k+1) and, if linked, its first child (d+1, link, 0); since each table is sorted, pops
-    come in order of score, so the result is exactly the top-`budget` prefixes.
+    come in order of score, so the result is exactly the top-`budget` prefixes; a prefix of log-prob -inf
+    (a token the drafter's head does not score) is never one, so fewer may come back.
     """
     depth_n, _, k = logp.shape
     lp, tok, link = host_tables(logp, tokens, links)
@@ -34,6 +35,8 @@ def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, bu
     out_tok, out_par, out_depth, out_score = [], [], [], []
     while heap and len(out_tok) < budget:
         neg, d, r, rank, parent, base = heapq.heappop(heap)
+        if neg == float("inf"):   # popped in order of score: every node left is impossible too
+            break
         node = len(out_tok)
         out_tok.append(int(tok[d, r, rank])), out_par.append(parent), out_depth.append(d + 1), out_score.append(-neg)
         if rank + 1 < k:
@@ -42,6 +45,8 @@ def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, bu
         if d + 1 < depth_n and nxt >= 0:
             heapq.heappush(heap, (neg - float(lp[d + 1, nxt, 0]), d + 1, nxt, 0, node, -neg))
     dev = logp.device
+    if not out_tok:
+        return DraftTree.empty(dev)
     return DraftTree(torch.tensor(out_tok, device=dev), torch.tensor(out_par, device=dev),
                      torch.tensor(out_depth, device=dev), torch.tensor(out_score, device=dev))
 

@@ -40,6 +40,7 @@ class DDTreeDrafter(BlockDrafter):
             nodes = self.nodes
             top = torch.topk(logp[:nodes], min(self.top_k, nodes, logp.shape[-1]), dim=-1)
             return marginal_tree(top.values, top.indices, nodes)
-        top = torch.topk(logp, min(self.top_k, logp.shape[-1]), dim=-1)
         spine = marginal_spine(logp, self.law, self.draws, self.budget, self.draw_shape)
-        return with_spine(spine, marginal_tree(top.values, top.indices, max(self.budget - len(spine), 1)))
+        nodes = self.beside(spine)
+        top = torch.topk(logp[:nodes], min(self.top_k, nodes, logp.shape[-1]), dim=-1)
+        return with_spine(spine, marginal_tree(top.values, top.indices, nodes))

@@ -153,6 +153,12 @@ class BlockDrafter(BuildClock):
             return self.budget
         return min(self.budget, self.max_nodes)
 
+    def beside(self, spine: DraftTree) -> int:
+        """Deterministic nodes to build beside a drawn spine (T > 0): the budget's rest, within the engine's cap
+        (the trim keeps them by score, beside the draws it keeps by depth and rank)."""
+        cap = self.budget if self.max_nodes is None else min(self.budget, self.max_nodes)
+        return max(cap - len(spine), 1)
+
     def cast(self, dtype: torch.dtype) -> None:
         """Drafting in `dtype` (the `dtype` option: drafters/precision.py)."""
         self.block.cast(dtype)

@@ -41,11 +41,12 @@ def first_draws(q: torch.Tensor, state: DraftState, width: int) -> Level:
 
 
 def drawn_tree(expand: Callable[..., Level], anchor: int, depth: int, draws: int, budget: int | None, device,
-               stack: Callable[[list], torch.Tensor] = torch.cat) -> DraftTree:
+               stack: Callable[[list], torch.Tensor] = torch.cat, shared: bool = False) -> DraftTree:
     """Depth by depth: expand(d, parent tokens [F], width, up) gives the draws of the F parents whose children
     sit at depth index d (d = 0: the anchor alone; up [F]: each parent's own parent among the previous
     call's, for a method whose state follows the path), each parent's law becoming a row of DraftTree.q
-    (stack: the levels' q -> those rows, made once at the end)."""
+    (stack: the levels' q -> those rows, made once at the end). shared: every parent of a depth draws from
+    one law (expand's q is that one row [1, V]), and its nodes all name that row."""
     nodes = drawn_shape(tuple(widths(draws, depth)), 1 << 30)
     room = budget or 1 << 30   # counts kept nodes: a slot past its law's support leaves its place to the next
     tokens: list[int] = []     # per shape slot: its token (None: dropped past its law's support)
@@ -74,8 +75,8 @@ def drawn_tree(expand: Callable[..., Level], anchor: int, depth: int, draws: int
             room -= ok
             tokens.append(drawn[f][j] if ok else None)
             scores.append(logq[f][j] + (scores[parent] if parent >= 0 else 0.0) if ok else 0.0)
-            law.append(rows + f if ok else -1)
-        rows += len(parents)
+            law.append(rows + (0 if shared else f) if ok else -1)
+        rows += 1 if shared else len(parents)
         start = end
     return _as_tree(nodes[:len(tokens)], tokens, scores, law, stack(laws) if laws else None, device)
 
@@ -103,12 +104,12 @@ def marginal_spine(logits: torch.Tensor, state: DraftState, draws: int, budget: 
 
 def drawn_marginal_tree(logits: torch.Tensor, state: DraftState, draws: int, budget: int | None) -> DraftTree:
     """ddtree's and d2sd's drawn tree from [D, V] marginal logits: every node of depth d draws its children
-    from the marginal law of depth d+1, whatever its token, so one race a depth serves them all."""
+    from the marginal law of depth d+1, whatever its token, so one race a depth serves them all, and one
+    row of q a depth is their law."""
     level = first_draws(state.sampler.probs(logits), state, draws)
 
     def expand(d: int, parents: torch.Tensor, width: int, up: torch.Tensor) -> Level:
         f = len(parents)
-        return Level(level.tokens[d:d + 1].expand(f, -1), level.logq[d:d + 1].expand(f, -1),
-                     level.q[d:d + 1].expand(f, -1))
+        return Level(level.tokens[d:d + 1].expand(f, -1), level.logq[d:d + 1].expand(f, -1), level.q[d:d + 1])
 
-    return drawn_tree(expand, -1, logits.shape[0], draws, budget, logits.device)
+    return drawn_tree(expand, -1, logits.shape[0], draws, budget, logits.device, shared=True)

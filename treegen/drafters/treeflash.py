@@ -107,7 +107,7 @@ class TreeFlashDrafter(BlockDrafter):
             spine = with_siblings(self.drawn_chain(hidden, anchor, parts, scored), self.law, self.draws,
                                   self.budget)
         with self.building(hidden.device):
-            return with_spine(spine, best_first(*tables, max(self.budget - len(spine), 1)))
+            return with_spine(spine, best_first(*tables, self.beside(spine)))
 
     @torch.no_grad()
     def parts(self, hidden: torch.Tensor) -> tuple[Scores, torch.Tensor]:

@@ -336,6 +336,7 @@ class AutoBudget:
         order = np.argsort(-scores, kind="stable")
         keep[det[order[:self.choose(scores[order], gain, int(keep.sum()))]]] = True
         self.verified = int(keep.sum())
+        self.chosen.append(self.verified)
         self.depths.append(int(depth[keep].max()) if self.verified else 0)
         return tree.select(torch.from_numpy(keep).to(tree.tokens.device))
 
