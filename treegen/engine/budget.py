@@ -30,7 +30,8 @@ MEASURED_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 SCORE_FLOOR, BIN_WIDTH = -16.0, 0.5   # path log-probs below the floor share the last bin
 PRIOR_WEIGHT = 4.0                    # the exp(score) prior counts as this many observed nodes per bin
 FORGET = 0.995                        # per round: recent rounds count more (the text changes as it goes)
-MAX_REST = 16                         # most rounds of plain decoding before drafting is tried again
+MAX_REST = 64                         # most rounds of plain decoding before drafting is tried again (a try
+                                      # that does not pay costs several plain rounds, so tries stay rare)
 REST_MARGIN = 0.9                     # rest only when drafting rounds run below this share of plain speed
 REST_WINDOW = 0.2                     # weight of the latest drafting round in the running rate
 REST_AFTER = 4                        # drafting rounds seen before the running rate is trusted
