@@ -75,8 +75,8 @@ class DFlashBlock:
 
     def hidden(self, anchor: int, normed: bool = True, length: int | None = None) -> torch.Tensor:
         """[L, H] drafter states of the block [anchor, MASK...] (L: the block size, or `length` if shorter: a
-        round that drafts fewer depths runs fewer mask rows; measured, the kept depths' drafts accept as
-        well); folds the pending context into the cache. normed=False: before the drafter's final norm."""
+        round that drafts fewer depths runs fewer mask rows, which changes its drafts a little, never what
+        verification keeps); folds the pending context into the cache. normed=False: before the final norm."""
         length = self.block_size if length is None else max(1, min(length, self.block_size))
         ids = torch.full((1, length), self.model.config.mask_token_id, device=self.device)
         ids[0, 0] = anchor
@@ -146,18 +146,20 @@ class BlockDrafter(BuildClock):
         self.widest = value
 
     @property
+    def capped(self) -> int:
+        """The budget, or the engine's cap if smaller."""
+        return self.budget if self.max_nodes is None else min(self.budget, self.max_nodes)
+
+    @property
     def nodes(self) -> int:
         """This round's deterministic tree size: the budget, or the engine's cap if smaller (a tree with
         drawn nodes keeps its budget: how many draws are verified is the engine's choice, by depth)."""
-        if self.max_nodes is None or self.law is not None:
-            return self.budget
-        return min(self.budget, self.max_nodes)
+        return self.budget if self.law is not None else self.capped
 
     def beside(self, spine: DraftTree) -> int:
         """Deterministic nodes to build beside a drawn spine (T > 0): the budget's rest, within the engine's cap
         (the trim keeps them by score, beside the draws it keeps by depth and rank)."""
-        cap = self.budget if self.max_nodes is None else min(self.budget, self.max_nodes)
-        return max(cap - len(spine), 1)
+        return max(self.capped - len(spine), 1)
 
     def cast(self, dtype: torch.dtype) -> None:
         """Drafting in `dtype` (the `dtype` option: drafters/precision.py)."""

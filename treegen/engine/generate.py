@@ -154,7 +154,7 @@ class _Loop:
         self.way = self.drafter.way
         sync(self.device)
         t1 = time.perf_counter()
-        tree = tree.dedup().truncate_depth(self.room()) if len(tree) else tree
+        tree = tree.dedup().truncate_depth(room) if len(tree) else tree
         tree = on_device(tree, self.device)   # a drafter on another GPU than the target's inputs (device maps)
         if self.auto is not None:
             tree = self.auto.trim(tree, t1 - t0, self.drafter.draw_shape)
