@@ -24,21 +24,6 @@ static inline float exp_nonpositive(float x) {
     return x < -87.0f ? 0.0f : p * scale;
 }
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-static inline __m512 exp_nonpositive16(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.0f);
-    __mmask16 live = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
-    __m512 t = _mm512_mul_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(LOG2E));
-    __m512 n = _mm512_roundscale_ps(_mm512_add_ps(t, _mm512_set1_ps(0.5f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(LN2));
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    const float c[6] = {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
-    for (int i = 0; i < 6; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
-    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mov_ps(live, _mm512_mul_ps(p, _mm512_castsi512_ps(bits)));
-}
-#endif
 
 /* Entry a ranks below entry b: a smaller value, or an equal value at a higher column. */
 static inline int below(float va, int64_t ca, float vb, int64_t cb) { return va < vb || (va == vb && ca > cb); }
