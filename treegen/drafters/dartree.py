@@ -55,7 +55,7 @@ class DARTreeDrafter(HeadDrafter):
             spine = self.drawn_tree(anchor, z, base)
         else:                           # or Domino's drawn chain with its siblings
             spine = with_siblings(self.chain(anchor, z, base), self.law, self.draws, self.budget)
-        return with_spine(spine, self.grow(anchor, z, base, max(self.budget - len(spine), 1)))
+        return with_spine(spine, self.grow(anchor, z, base, self.beside(spine)))
 
     def drawn_tree(self, anchor: torch.Tensor, z: torch.Tensor, base: torch.Tensor) -> DraftTree:
         """T > 0 with `draw_shape: tree`: depth by depth, each expanded node's GRU state (its parent's, stepped
