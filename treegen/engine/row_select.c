@@ -10,10 +10,8 @@
 
 #include "row_common.h"
 
-/* e^x for x <= 0 with a relative error below 2e-7: 2^n times a degree-6 series of 2^f, f in [-0.5, 0.5];
-   0 below -87. With AVX512F, 16 at a time (libm's expf is a call per value). */
-#define LOG2E 1.44269504088896341f
-#define LN2 0.69314718055994531f
+/* e^x for x <= 0, one value: the scalar twin of row_common.h's exp_nonpositive16 (the same series, the same
+   constants), for the lanes a block of 16 does not fill. */
 static inline float exp_nonpositive(float x) {
     float t = (x < -87.0f ? -87.0f : x) * LOG2E;
     float n = floorf(t + 0.5f), f = (t - n) * LN2;
@@ -23,7 +21,6 @@ static inline float exp_nonpositive(float x) {
     memcpy(&scale, &bits, 4);
     return x < -87.0f ? 0.0f : p * scale;
 }
-
 
 /* Entry a ranks below entry b: a smaller value, or an equal value at a higher column. */
 static inline int below(float va, int64_t ca, float vb, int64_t cb) { return va < vb || (va == vb && ca > cb); }
