@@ -112,6 +112,7 @@ def test_first_load_converts_then_the_cache_is_read(tiny_gguf, cache, monkeypatc
     first = logits(model, tok)
 
     monkeypatch.setattr("treegen.gguf.convert", refuse)
+    monkeypatch.setattr("treegen.gguf.read_header", refuse)   # the tensor types are kept in the folder
     again, tok2 = load_target(str(tiny_gguf), dtype="fp32", device="cpu")
     assert capsys.readouterr().err == ""
     assert torch.equal(logits(again, tok2), first)
@@ -119,6 +120,18 @@ def test_first_load_converts_then_the_cache_is_read(tiny_gguf, cache, monkeypatc
     direct = AutoModelForCausalLM.from_pretrained(str(tiny_gguf.parent), gguf_file=tiny_gguf.name,
                                                   dtype=torch.float32).eval()
     assert torch.equal(logits(direct, tok2), first)
+
+
+def test_a_folder_without_its_tensor_types_reads_them_once(tiny_gguf, cache, monkeypatch):
+    from treegen import gguf
+
+    load_target(str(tiny_gguf), dtype="fp32", device="cpu")
+    (folder,) = [p for p in cache.iterdir() if p.is_dir()]
+    types = gguf.tensor_types(tiny_gguf, folder)
+    (folder / gguf.TYPES_FILE).unlink()   # converted before the types were kept
+    assert gguf.tensor_types(tiny_gguf, folder) == types
+    monkeypatch.setattr("treegen.gguf.read_header", refuse)
+    assert gguf.tensor_types(tiny_gguf, folder) == types
 
 
 def test_a_changed_file_is_converted_again(tiny_gguf, cache, tmp_path, capsys):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from treegen.engine import int8, kernels
+from treegen.engine import forms, int8, kernels
 from treegen.engine.int8 import Int8Linear, Int8Weight
 
 pytestmark = pytest.mark.skipif(kernels.int8_library() is None, reason="no C compiler: the int8 product is torch's")
@@ -82,7 +82,7 @@ def test_quantize_replaces_every_bias_free_linear():
     model = tiny_qwen3(hidden=64)
     assert not int8.is_int8(model)
     count = int8.quantize(model)
-    assert count == 2 * 7 + 1 and int8.is_int8(model) and int8.weight_form(model) == "int8"
+    assert count == 2 * 7 + 1 and int8.is_int8(model) and forms.weight_form(model) == "int8"
     assert type(model.get_output_embeddings()) is Int8Linear
     assert type(model.get_input_embeddings()) is torch.nn.Embedding   # the embedding keeps its float rows
     with torch.inference_mode():
@@ -96,17 +96,26 @@ def demo_int8():
     return Generator(target="demo", method="ar", dtype="int8")
 
 
-@pytest.mark.parametrize("method", ["pld", "dflash", "ddtree", "treeflash", "domino", "dartree", "d2sd"])
-def test_every_method_equals_plain_decoding_of_the_int8_target(demo_int8, method):
+METHODS = ["pld", "dflash", "ddtree", "treeflash", "domino", "dartree", "d2sd"]
+
+
+def equals_plain_decoding(plain, method: str) -> None:
+    """`method` on the demo pair gives plain decoding's tokens with the same loaded target (plain: an ar
+    Generator)."""
     from treegen.assets import pair_drafter_for
 
-    assert demo_int8.weights == "int8"
     drafter = None if method == "pld" else str(pair_drafter_for("demo", method))
-    g = demo_int8.with_method(method, drafter, {"budget": "auto"} if method in ("ddtree", "treeflash") else {})
+    g = plain.with_method(method, drafter, {"budget": "auto"} if method in ("ddtree", "treeflash") else {})
     for prompt in ("import os\n\n\ndef walk(top):\n", "class Queue:\n    def __init__(self):\n"):
-        ref = demo_int8.generate(prompt, max_new_tokens=40)
+        ref = plain.generate(prompt, max_new_tokens=40)
         out = g.generate(prompt, max_new_tokens=40)
         assert out.token_ids == ref.token_ids, (method, prompt)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_equals_plain_decoding_of_the_int8_target(demo_int8, method):
+    assert demo_int8.weights == "int8"
+    equals_plain_decoding(demo_int8, method)
 
 
 def test_int8_with_bitsandbytes_is_a_usage_error():

@@ -9,6 +9,7 @@ import torch
 from treegen.drafters import MethodError, build_drafter, check_options, get_method
 from treegen.drafters.base import inverse_cdf
 from treegen.drafters.precision import draft_dtype
+from treegen.engine import kernels
 from treegen.engine.drafter import DraftState
 from treegen.engine.sampling import Sampler
 from treegen.models.dflash import Rotary
@@ -63,10 +64,36 @@ def test_int8_drafting_keeps_greedy_output(demo, method):
 
     g = drafting(demo, method, "int8")
     for b in blocks(g.draft_model):
-        assert b.int8 and b.model.fc.weight.dtype == torch.float32
+        assert b.form == "int8" and b.model.fc.weight.dtype == torch.float32
     assert_greedy_output(demo, g)
     for b in blocks(g.draft_model):   # the products drafting ran were the int8 ones
         assert isinstance(b.model.layers[0].mlp.gate_up.projections.parts[0], Int8Weight)
+
+
+@pytest.mark.skipif(kernels.q4_library() is None, reason="4-bit block products need AVX512-VNNI")
+@pytest.mark.parametrize("method", ["ddtree", "treeflash"])
+def test_block_drafting_keeps_greedy_output(demo, method):
+    """4-bit block drafting products (bf16 weights kept, the lm_head's rows as Q8_0): T=0 output equals plain
+    decoding; `auto` picks them beside a q4 target."""
+    from treegen.engine.q4 import Q4Weight, Q8Weight
+
+    g = drafting(demo, method, "q4")
+    for b in blocks(g.draft_model):
+        assert b.form == "q4" and b.model.fc.weight.dtype == torch.bfloat16
+        assert b.vocab is None or isinstance(b.vocab.product, Q8Weight)
+    assert_greedy_output(demo, g)
+    for b in blocks(g.draft_model):
+        assert b.model.compiled_stack(torch.zeros(1, dtype=torch.bfloat16)).shape.q4 == 1
+        assert isinstance(b.model.fc_product.projections.parts[0], Q4Weight)
+
+
+def test_auto_drafts_in_blocks_beside_a_q4_target():
+    from treegen.api import Generator
+
+    if kernels.q4_library() is None:
+        pytest.skip("4-bit block products need AVX512-VNNI")
+    g = Generator(target="demo", method="ddtree", dtype="q4")
+    assert draft_dtype("auto", g.model) == torch.uint8 and g.draft_model.block.form == "q4"
 
 
 def test_d2sd_drafters_share_one_copy_of_the_targets_tables(demo):

@@ -1,6 +1,6 @@
 """Row invariance of the CPU verify forward (engine/invariant.py, engine/kernels.py, engine/matmul.RowMatmul):
 a context's logits are the same bits when its last token is the one row of a plain decoding step and when it
-sits inside a tree of 2..64 rows (with siblings beside it), in fp32, bf16 and with int8 weights, for the compiled
+sits inside a tree of 2..64 rows (with siblings beside it), in fp32, bf16 and with int8 and q4 weights, for the compiled
 attention and the torch one, on tiny models, the demo target and SmolLM2. So a tree round can never pick another token than
 plain decoding, even at a near-tie."""
 from __future__ import annotations
@@ -131,7 +131,7 @@ def test_compiled_attention_gives_a_tree_row_the_bits_of_that_row_alone(dtype, h
         assert torch.equal(alone[:, :, 0], together[:, :, i]), f"row {i} differs"
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8", "q4"])
 def test_the_demo_target(dtype):
     from treegen.assets import DEMO_TARGET
     from treegen.loading import load_target
@@ -148,7 +148,7 @@ def native_float() -> str:
     return "bf16" if native_bf16() else "fp32"
 
 
-@pytest.mark.parametrize("dtype", [native_float(), "int8"])
+@pytest.mark.parametrize("dtype", [native_float(), "int8", "q4"])
 def test_smollm2(dtype):
     from treegen.assets import smollm2_gguf
     from treegen.loading import load_target

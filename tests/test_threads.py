@@ -38,12 +38,12 @@ def test_a_count_whose_bits_differ_is_not_allowed(tmp_path, monkeypatch, two_thr
 def test_a_greedy_generation_takes_the_free_cores(monkeypatch, two_threads):
     monkeypatch.setattr(threads, "free_cores", lambda seconds=0.2: (1, 2))
     plan = threads.ThreadPlan((1, 2))
-    with plan.greedy(0.0) as chosen:
+    with plan.fitting(True) as chosen:
         assert chosen == 1 and torch.get_num_threads() == 1
     assert torch.get_num_threads() == 2
-    with plan.greedy(0.8) as chosen:          # sampled: the drafter's laws are not covered by the check
+    with plan.fitting(False) as chosen:       # sampled with a drafter: its laws are not covered by the check
         assert chosen == 2
-    with threads.ThreadPlan((2,)).greedy(0.0) as chosen:
+    with threads.ThreadPlan((2,)).fitting(True) as chosen:
         assert chosen == 2
 
 

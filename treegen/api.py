@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .drafters import auto_budget, build_drafter
+from .drafters import auto_budget, build_drafter, get_method
 from .engine.budget import AutoBudget
 from .engine.clock import Clock
 from .engine.disk import LoadWatch
+from .engine.forms import weight_form
 from .engine.generate import GenerationConfig, Round, generate
-from .engine.int8 import weight_form
 from .engine.prefill import DEFAULT_CHUNK
 from .engine.prefix import PrefixCache
 from .engine.sampling import Sampler
@@ -103,7 +103,7 @@ class Generator:
     def __post_init__(self):
         from .config import resolve_model
 
-        model = resolve_model(self.target, self.drafter, self.method, self.method_options)
+        model = resolve_model(self.target, self.drafter, self.method, self.method_options, self.dtype)
         self.target, self.drafter, self.method = model.target, model.drafter, model.method
         self.method_options = dict(model.method_options)
         self.model, self.tokenizer = load_target(
@@ -212,7 +212,8 @@ class Generator:
         decoder, stats, text = StreamDecoder(self.tokenizer), Stats(), ""
         watch = LoadWatch()
         try:
-            with self.thread_plan.greedy(temperature), watch:   # fewer threads on a busy machine, the same tokens
+            # fewer threads on a busy machine, the same tokens (greedy, or no drafter whose laws could move)
+            with self.thread_plan.fitting(temperature == 0 or not get_method(self.method).needs_drafter), watch:
                 yield from self._rounds(rounds, decoder, stats, text, stop, time.perf_counter())
         finally:
             rounds.close()  # a consumer that stops early (Ctrl-C, closed pipe) frees the cache now

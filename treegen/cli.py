@@ -378,10 +378,12 @@ def info():
     pair = default_pair()
     rows = [("treegen", __version__), ("python", platform.python_version()), ("torch", torch.__version__),
             ("transformers", transformers.__version__), ("cuda device", cuda),
-            # what --dtype auto loads here, and whether --dtype int8 has its compiled product
+            # what --dtype auto loads here, and whether --dtype int8 / q4 have their compiled products
             ("dtype auto", auto_weights(resolve_device("auto"))),
             ("int8 product", f"compiled (row_int8.c, {build})" if (build := kernels.int8_build())
              else "torch (no C compiler found)"),
+            ("q4 product", "compiled (row_q4.c, AVX512-VNNI)" if kernels.q4_library() is not None
+             else "torch (no AVX512-VNNI, or no C compiler found)"),
             ("demo target", _present(DEMO_TARGET)), ("demo drafter", _present(DEMO_DRAFTER)),
             ("smollm2", f"{gguf} (installed)" if gguf else f"not installed ({SMOLLM2_INSTALL})"),
             # what chat and complete run without --target / --preset

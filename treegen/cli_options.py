@@ -114,7 +114,7 @@ def sampling_help(name: str, text: str) -> str:
 
 
 MAX_THREADS = 1024   # more threads than any machine has cores only adds contention (and memory per thread)
-DTYPES = ("auto", "fp32", "float32", "fp16", "float16", "bf16", "bfloat16", "int8")
+DTYPES = ("auto", "fp32", "float32", "fp16", "float16", "bf16", "bfloat16", "int8", "q4")
 
 
 def model_options(f):
@@ -136,7 +136,9 @@ def model_options(f):
         click.option("--dtype", type=click.Choice(DTYPES, case_sensitive=False), help="Weights' type; auto: "
                      "bf16 where the device multiplies it natively (a CPU with AVX512-BF16 or AMX, a GPU that "
                      "has it); on another CPU int8 linear layers (8-bit weights, one scale per output; the rest "
-                     "fp32), else fp32. int8: those 8-bit linear layers anywhere."),
+                     "fp32), else fp32. int8: those 8-bit linear layers anywhere. q4: the decoder's linear layers as "
+                     "4-bit Q4_1 blocks of 32 with int8 activations, as llama.cpp multiplies them (a Q4_1 GGUF's "
+                     "own blocks), the rest bf16."),
         click.option("--load-in-8bit", is_flag=True, default=None, help="Load the target in 8 bits (bitsandbytes)."),
         click.option("--load-in-4bit", is_flag=True, default=None, help="Load the target in 4 bits (bitsandbytes)."),
         click.option("--device-map", type=DeviceMapType(),

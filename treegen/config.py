@@ -52,7 +52,7 @@ class RunConfig:
 
 
 def resolve_model(target: str | None, drafter: str | None, method: str = "auto",
-                  method_options: Mapping[str, Any] | None = None) -> Model:
+                  method_options: Mapping[str, Any] | None = None, dtype: str | None = None) -> Model:
     """Shipped names (demo, smollm2, PAIR/NAME) made paths; on a shipped pair (None: the demo pair) `auto`
     without a drafter is the pair's default preset's method (given options replace the preset's) and the
     drafter is the pair's checkpoint for the method; elsewhere `auto` is the best method the drafter allows.
@@ -63,7 +63,7 @@ def resolve_model(target: str | None, drafter: str | None, method: str = "auto",
     if pair is not None:
         target = target or str(assets.DEMO_TARGET)
         if method == "auto" and not drafter:
-            preset = default_preset(pair)
+            preset = default_preset(pair, dtype)
             method, options = preset.method, options or dict(preset.method_options)
         shipped = assets.pair_drafter_for(pair, method)
         drafter = drafter or (str(shipped) if shipped else None)
@@ -77,14 +77,15 @@ def resolve(kw: Mapping[str, Any]) -> RunConfig:
     OptionError, presets.PresetError, drafters.MethodError or assets.NotInstalled, each one line."""
     if kw.get("load_in_4bit") and kw.get("load_in_8bit"):
         raise OptionError("--load-in-4bit and --load-in-8bit: choose one")
-    if (kw.get("dtype") or "").lower() == "int8" and (kw.get("load_in_4bit") or kw.get("load_in_8bit")):
-        raise OptionError("--dtype int8 quantizes the weights itself: leave out --load-in-8bit / --load-in-4bit")
+    if (dtype := (kw.get("dtype") or "").lower()) in ("int8", "q4") and (kw.get("load_in_4bit")
+                                                                         or kw.get("load_in_8bit")):
+        raise OptionError(f"--dtype {dtype} quantizes the weights itself: leave out --load-in-8bit / --load-in-4bit")
     kw = on_pair_in_use(kw)
     base = presets.load(kw["preset"]) if kw.get("preset") else Preset()
     given = base.with_flags(target=kw.get("target"), drafter=kw.get("drafter"), method=kw.get("method"),
                             method_options=dict(kw.get("method_option") or ()),
                             **{k: kw.get(k) for k in SAMPLING_FLAGS})
-    model = resolve_model(given.target, given.drafter, given.method or "auto", given.method_options)
+    model = resolve_model(given.target, given.drafter, given.method or "auto", given.method_options, kw.get("dtype"))
     sampling, drawn = given.sampling, False
     values = sampling.resolved()
     if not kw.get("chat") and values["temperature"] and effective_seed(values["seed"]) is None:
@@ -112,7 +113,7 @@ def on_pair_in_use(kw: Mapping[str, Any]) -> dict[str, Any]:
         kw["preset"] = presets.on_pair(kw["preset"], pair)
     elif not kw.get("target") and not kw.get("drafter") and pair == SMOLLM2:
         wanted = f"{SMOLLM2}-{kw['method']}" if kw.get("method") else None
-        kw["preset"] = wanted if wanted in presets.available() else default_preset(SMOLLM2).name
+        kw["preset"] = wanted if wanted in presets.available() else default_preset(SMOLLM2, kw.get("dtype")).name
     return kw
 
 

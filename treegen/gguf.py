@@ -8,6 +8,7 @@ import contextvars
 import copy
 import hashlib
 import io
+import json
 import os
 import shutil
 import sys
@@ -161,10 +162,32 @@ def convert_atomically(file: Path, folder: Path, header: Header) -> None:
 
 
 def convert(file: Path, out: Path, header: Header) -> None:
-    """Model (dequantized) and tokenizer from the GGUF file, saved into `out` as a transformers folder."""
+    """Model (dequantized) and tokenizer from the GGUF file, saved into `out` as a transformers folder, with
+    the file's tensor types beside them (tensor_types)."""
     model = load_gguf_model(file, header)
     save_plain(plain_copy(model), out)
     load_gguf_tokenizer(file, header).save_pretrained(out)
+    (out / TYPES_FILE).write_text(json.dumps(list(header.types)))
+
+
+TYPES_FILE = "gguf_types.json"   # in a converted folder: the file's tensor types (read_header reads the whole file)
+
+
+def tensor_types(file: Path, folder: Path) -> tuple[str, ...]:
+    """The GGUF file's tensor types, kept in its converted folder; read from the file once where a folder
+    converted before they were kept lacks them."""
+    kept = folder / TYPES_FILE
+    try:
+        return tuple(json.loads(kept.read_text()))
+    except (OSError, ValueError, TypeError):
+        types = read_header(file).types
+    tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+    try:   # atomic: a concurrent reader sees the whole list or none
+        tmp.write_text(json.dumps(list(types)))
+        os.replace(tmp, kept)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+    return types
 
 
 def save_plain(model, out: Path) -> None:

@@ -7,7 +7,7 @@ import torch
 from safetensors import SafetensorError
 
 from . import validate
-from .engine import int8
+from .engine import int8, q4
 
 DEFAULT_DTYPE = "auto"
 DEFAULT_DEVICE = "auto"
@@ -15,6 +15,7 @@ DEFAULT_ATTN = "sdpa"
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
           "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 INT8 = int8.NAME   # weight-only int8 linears, the rest in auto's dtype
+Q4 = q4.NAME       # the decoder's linears as Q4_1 blocks (int8 activations), the rest in auto's dtype
 
 
 class LoadError(RuntimeError):
@@ -37,12 +38,12 @@ def resolve_device(device: str = DEFAULT_DEVICE) -> torch.device:
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """The compute dtype: auto's is bf16 where the device multiplies it natively, else fp32 (int8 linear layers,
     int8_weights, compute in it too)."""
-    if dtype in ("auto", INT8):   # bf16 where the device multiplies it natively: half the bytes a token reads
+    if dtype in ("auto", INT8, Q4):   # bf16 where the device multiplies it natively: half the bytes a token reads
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
         return torch.bfloat16 if device.type == "cpu" and native_bf16() else torch.float32
     if dtype not in DTYPES:
-        raise LoadError(f"unknown dtype {dtype!r}: use auto, fp32, fp16, bf16 or int8")
+        raise LoadError(f"unknown dtype {dtype!r}: use auto, fp32, fp16, bf16, int8 or q4")
     return DTYPES[dtype]
 
 
@@ -58,10 +59,27 @@ def int8_weights(dtype: str, device: torch.device) -> bool:
     return kernels.int8_library() is not None
 
 
+def q4_native(device: torch.device, types: tuple[str, ...] = ("Q4_1",)) -> bool:
+    """Whether `auto` loads a GGUF with these tensor types as its own blocks (`q4`, engine/q4.py): Q4_1 linears,
+    on a CPU with native bf16 where row_q4.c builds (AVX512-VNNI): 5 bits a layer weight where bf16 reads 16."""
+    if "Q4_1" not in types or device.type != "cpu" or not native_bf16():
+        return False
+    from .engine import kernels
+
+    return kernels.q4_library() is not None
+
+
+def loads_blocks(dtype: str, device: torch.device, types: tuple[str, ...], quantized: bool = False) -> bool:
+    """Whether --dtype loads a target (a GGUF with these tensor types, or none) as blocks (`q4`): asked for,
+    or `auto` where q4_native holds and neither bitsandbytes nor a device map places the weights (quantized)."""
+    return dtype.lower() == Q4 or (dtype.lower() == "auto" and not quantized and q4_native(device, types))
+
+
 def auto_weights(device: torch.device) -> str:
     """What `--dtype auto` loads on this device, in words (treegen info)."""
     compute = str(resolve_dtype("auto", device)).removeprefix("torch.")
-    return f"int8 linear layers, {compute} elsewhere" if int8_weights("auto", device) else compute
+    words = f"int8 linear layers, {compute} elsewhere" if int8_weights("auto", device) else compute
+    return words + ("; a Q4_1 GGUF as its own blocks (q4)" if q4_native(device) else "")
 
 
 def native_bf16() -> bool:
@@ -78,13 +96,17 @@ def check_source(name: str) -> str:
         raise LoadError(str(err)) from None
 
 
-def gguf_converted(source: str) -> str:
-    """A GGUF target is loaded from its converted folder in the cache (converted on its first load)."""
+def gguf_converted(source: str) -> tuple[str, tuple[str, ...]]:
+    """A GGUF target is loaded from its converted folder in the cache (converted on its first load); -> the
+    folder and the file's tensor types (none for another source)."""
     from . import gguf
 
     try:
         file = gguf.gguf_file(Path(source)) if Path(source).exists() else None
-        return str(gguf.cached_target(file)) if file is not None else source
+        if file is None:
+            return source, ()
+        folder = gguf.cached_target(file)
+        return str(folder), gguf.tensor_types(file, folder)
     except gguf.GGUFError as err:
         raise LoadError(str(err)) from None
 
@@ -139,15 +161,18 @@ def load_target(name: str, *, dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
-    source = gguf_converted(check_source(name))
+    source, types = gguf_converted(check_source(name))
     dev = resolve_device(device)
     check_hub(source)
+    if loads_blocks(dtype, dev, types, quantized=device_map is not None or load_in_8bit or load_in_4bit):
+        dtype = Q4   # the file's own blocks, multiplied as they are
     torch_dtype = resolve_dtype(dtype, dev)
     quant = _quantization(load_in_8bit, load_in_4bit, torch_dtype)
-    int8 = quant is None and int8_weights(dtype, dev)
-    if dtype == INT8 and quant is not None:
-        raise LoadError("--dtype int8 quantizes the weights itself: leave out --load-in-8bit / --load-in-4bit")
-    kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
+    as_int8 = quant is None and int8_weights(dtype, dev)
+    if dtype in (INT8, Q4) and quant is not None:
+        raise LoadError(f"--dtype {dtype} quantizes the weights itself: leave out --load-in-8bit / --load-in-4bit")
+    # q4 reads fp32 first: a Q4_1 GGUF's blocks are found again exactly only from its dequantized fp32 values
+    kwargs = {"dtype": torch.float32 if dtype == Q4 else torch_dtype, "attn_implementation": attn_implementation}
     if quant is not None:
         kwargs["quantization_config"] = quant
     if device_map is not None:
@@ -165,10 +190,11 @@ def load_target(name: str, *, dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_
         raise LoadError(f"cannot load the weights of {name}: {_first_line(err)}") from err
     if device_map is None and quant is None:
         model = model.to(dev)
-    if int8:
-        from .engine.int8 import quantize
-
-        quantize(model)
+    if as_int8:
+        int8.quantize(model)
+    if dtype == Q4:
+        q4.quantize(model)
+        model = model.to(torch_dtype)   # the rest (embeddings, norms, lm_head); the blocks are uint8 buffers
     model.eval()
     return model, load_tokenizer(source)
 

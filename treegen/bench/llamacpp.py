@@ -192,17 +192,21 @@ def treegen_numbers(bench: dict) -> dict:
             "torch": bench.get("machine", {}).get("torch")}
 
 
-def treegen_dtype(dtype: str) -> str:
-    """The form treegen loads the target's weights in for --dtype (auto: what this CPU multiplies): int8 for
-    int8 linear layers (whatever dtype the rest computes in), else the float dtype."""
+def treegen_dtype(dtype: str, gguf: Path | None = None) -> str:
+    """The form treegen loads the GGUF's weights in for --dtype (auto: what this CPU multiplies): int8 for
+    int8 linear layers (whatever dtype the rest computes in), q4 for the file's own blocks, else the float
+    dtype."""
     try:
-        from ..loading import INT8, int8_weights, resolve_device, resolve_dtype
+        from ..gguf import read_header
+        from ..loading import INT8, Q4, int8_weights, loads_blocks, resolve_device, resolve_dtype
 
         device = resolve_device("cpu")
+        if loads_blocks(dtype, device, read_header(gguf).types if gguf is not None else ()):
+            return Q4
         if int8_weights(dtype, device):
             return INT8
         return str(resolve_dtype(dtype, device)).removeprefix("torch.")
-    except (ImportError, RuntimeError, AttributeError):   # the record keeps the option as given
+    except (ImportError, RuntimeError, AttributeError, ValueError):   # the record keeps the option as given
         return dtype
 
 
@@ -314,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         tree_cmd[-1] = "TMP.json"    # a temporary file, read and deleted
         rec = record(gguf=gguf, threads=args.threads, tokens=args.tokens, llama=llama, llama_cmd=llama_cmd,
                      llama_alone=llama_alone, tree=tree, tree_cmd=tree_cmd, tree_alone=tree_alone,
-                     dtype=treegen_dtype(args.dtype), version=args.version, command=command, cpu=cpu_model())
+                     dtype=treegen_dtype(args.dtype, gguf), version=args.version, command=command, cpu=cpu_model())
     except Failed as err:
         print(f"llamacpp: error: {err}", file=sys.stderr)
         return 1

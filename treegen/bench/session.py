@@ -64,7 +64,7 @@ def model_name(contestants) -> str:
     model = getattr(generator, "model", None)
     if model is None:
         return ""
-    from ..engine.int8 import parameters, weight_form
+    from ..engine.forms import parameters, weight_form
 
     params = parameters(model)
     size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"

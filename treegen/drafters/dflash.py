@@ -11,7 +11,7 @@ from ..engine.tree import DraftTree
 from ..models.checkpoint import check_fits, load_dflash
 from ..models.dflash import ContextKV, DFlashDrafter
 from .base import DraftState, Drawing, sampled_chain
-from .precision import INT8, embedding_on, float_dtype, head_on, plain_head, readable_head
+from .precision import embedding_on, float_dtype, head_on, plain_head, product_form, readable_head
 from .vocab import DraftHead, Scores
 
 
@@ -26,7 +26,7 @@ class DFlashBlock:
         self.cache = ContextKV(model.config.num_hidden_layers)
         self.pending: torch.Tensor | None = None  # target features not yet projected into the cache
         self.vocab: DraftHead | None = None       # the head over a subset of the vocabulary (drafters/vocab.py)
-        self.int8 = False                         # products in their int8 form (precision.INT8)
+        self.form = "float"                       # its products' form (engine/matmul.product)
 
     @property
     def target_layer_ids(self) -> tuple[int, ...]:
@@ -43,8 +43,8 @@ class DFlashBlock:
         the target's weights where they are so, else copies (another dtype, another GPU of a device map,
         offloaded: drafters/precision.py); the target keeps its modules and their device hooks. `like`: a
         block already cast whose embedding and lm_head to share. Then its matmuls tuned (INT8: fp32 weights,
-        int8 products)."""
-        self.int8, dtype = dtype == INT8, float_dtype(dtype)
+        int8 products; BLOCKS: bf16 weights, 4-bit block products)."""
+        self.form, dtype = product_form(dtype), float_dtype(dtype)
         self.model.to(dtype)
         if like is not None:   # already in `dtype`, its lm_head its own (and tuned) whatever the dtype
             self.embed, self.lm_head, self.vocab = like.embed, like.lm_head, like.vocab
@@ -52,14 +52,14 @@ class DFlashBlock:
             tied = self.lm_head.weight is self.embed.weight
             self.embed = embedding_on(self.embed, self.device, dtype)
             self.lm_head = head_on(self.lm_head, self.device, dtype, self.embed.weight if tied else None)
-        tune_linears(self.model, self.lm_head, int8=self.int8)
-        self.model.quantize_products(self.int8)
+        tune_linears(self.model, self.lm_head, form=self.form)
+        self.model.quantize_products(self.form)
 
     def restrict(self, frequent: torch.Tensor) -> None:
         """Score only the frequent tokens and the context's (after cast: the head it wraps is the cast one).
         A head that is not a plain Linear (a quantized module kept as the target's own) scores them all."""
         if plain_head(self.lm_head):
-            self.lm_head = self.vocab = DraftHead(self.lm_head, frequent, self.int8)
+            self.lm_head = self.vocab = DraftHead(self.lm_head, frequent, self.form)
 
     def begin(self, features: torch.Tensor, prompt: torch.Tensor | None = None) -> None:
         self.cache = ContextKV(self.model.config.num_hidden_layers)

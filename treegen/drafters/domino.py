@@ -26,7 +26,7 @@ class HeadDrafter(BlockDrafter):
     def cast(self, dtype: torch.dtype) -> None:
         super().cast(dtype)
         self.head_model.to(float_dtype(dtype))
-        tune_linears(self.head_model, int8=self.block.int8)
+        tune_linears(self.head_model, form=self.block.form)
         self.tables = HeadTables(self.head_model, self.block.embed.weight)   # its vocabulary table too
 
     def propose(self, state: DraftState) -> DraftTree:

@@ -8,23 +8,30 @@ from __future__ import annotations
 
 import torch
 
-from ..engine import kernels
-from ..engine.int8 import Int8Linear
+from ..engine import kernels, matmul, q4
+from ..engine.forms import own_weight
 from ..engine.prefill import input_device
 from ..loading import DTYPES, native_bf16
 from . import defaults as D
 
-INT8 = torch.int8   # as a drafter dtype: fp32 weights whose products run in their int8 form (engine/int8.py)
+INT8 = torch.int8     # as a drafter dtype: fp32 weights whose products run in their int8 form (engine/int8.py)
+BLOCKS = torch.uint8  # as a drafter dtype: bf16 weights whose products run as 4-bit blocks (engine/q4.py)
 
 
 def draft_dtype(name: str, target) -> torch.dtype:
     """`auto`, for an fp32 target on a CPU: bf16 where the CPU has native bf16, else int8 products where their
-    kernel built (a quarter of fp32's bytes a pass); otherwise the target's own dtype."""
+    kernel built (a quarter of fp32's bytes a pass); for a target in 4-bit blocks (`--dtype q4`), blocks too
+    where row_q4.c serves (the drafter's pass then reads what the target's step does); otherwise the target's
+    own dtype."""
     weight = target.get_input_embeddings().weight
     if name == "int8":
         return INT8
+    if name == "q4":
+        return BLOCKS
     if name != D.DTYPE:
         return DTYPES[name]
+    if q4.is_q4(target) and input_device(target).type == "cpu" and kernels.q4_library() is not None:
+        return BLOCKS
     if input_device(target).type == "cpu" and weight.dtype == torch.float32:
         if native_bf16():
             return torch.bfloat16
@@ -34,8 +41,14 @@ def draft_dtype(name: str, target) -> torch.dtype:
 
 
 def float_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a drafter's weights are kept in: int8 drafting keeps fp32 weights (its products quantize them)."""
-    return torch.float32 if dtype == INT8 else dtype
+    """The dtype a drafter's weights are kept in: int8 drafting keeps fp32 weights, block drafting bf16 (its
+    products quantize them)."""
+    return torch.float32 if dtype == INT8 else torch.bfloat16 if dtype == BLOCKS else dtype
+
+
+def product_form(dtype: torch.dtype) -> str:
+    """The form a drafter's products take in this drafter dtype (engine/matmul.product)."""
+    return {INT8: matmul.INT8, BLOCKS: matmul.BLOCKS}.get(dtype, matmul.FLOAT)
 
 
 # -- the target's embedding and lm_head as the drafter reads them (its own device and dtype) ---------------
@@ -57,10 +70,12 @@ def resident(module, device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def readable_head(lm_head, dtype: torch.dtype):
-    """The target's lm_head with rows a drafter can read: an int8 head (`--dtype int8`, engine/int8.py) as the
-    float weight its values stand for, in `dtype` (drafts only propose: the target verifies with its int8)."""
-    if type(lm_head) is Int8Linear:
-        return own_linear(torch.nn.Parameter(lm_head.int8.dequantized(dtype), requires_grad=False))
+    """The target's lm_head with rows a drafter can read: an int8 head (`--dtype int8`, engine/int8.py) or a
+    block one (`--dtype q4`, engine/q4.py) as the float weight its values stand for, in `dtype` (drafts only
+    propose: the target verifies with its own form)."""
+    own = own_weight(lm_head)
+    if own is not None:
+        return own_linear(torch.nn.Parameter(own.dequantized(dtype), requires_grad=False))
     return lm_head
 
 

@@ -85,7 +85,7 @@ class TreeFlashDrafter(BlockDrafter):
     def cast(self, dtype: torch.dtype) -> None:
         self.model.to(float_dtype(dtype))   # the head and the backbone (block.model)
         super().cast(dtype)
-        tune_linears(self.model.ar_approximation, int8=self.block.int8)
+        tune_linears(self.model.ar_approximation, form=self.block.form)
         self.make_table()
 
     def draft(self, anchor: int, depth: int) -> DraftTree:

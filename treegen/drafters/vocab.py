@@ -82,7 +82,7 @@ class DraftHead(torch.nn.Module):
     second small one, remade when `admit` brings new ones. `weight` is the whole head's (drafters that
     gather rows of it read any token)."""
 
-    def __init__(self, lm_head, frequent: torch.Tensor, int8: bool = False):
+    def __init__(self, lm_head, frequent: torch.Tensor, form: str = "float"):
         super().__init__()
         self.full = lm_head
         weight = lm_head.weight.detach()
@@ -90,7 +90,7 @@ class DraftHead(torch.nn.Module):
         self.frequent = frequent.to(weight.device)
         self.kept[self.frequent] = True
         self.frequent_rows = weight.index_select(0, self.frequent)
-        self.product = product(self.frequent_rows, int8)
+        self.product = product(self.frequent_rows, form, head=True)
         self.base = self.kept.clone()
         self.extra = self.frequent.new_zeros(0)
         self.extra_rows = weight.new_zeros(0, weight.shape[1])

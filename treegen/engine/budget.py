@@ -22,7 +22,7 @@ import torch
 from . import kernels
 from .clock import Clock
 from .disk import LoadWatch, cache_root, keep_if_quiet, read_table
-from .int8 import weight_form
+from .forms import weight_form
 from .matmul import RowMatmul, machine, say
 from .tree import DraftTree, drawn_shape, widths
 

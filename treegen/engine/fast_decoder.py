@@ -18,8 +18,10 @@ import torch.nn.functional as F
 
 from . import fused, invariant, kernels
 from .cache import GrowingLayer
-from .int8 import Int8Linear, Int8Weight
+from .forms import OWN, own_weight
+from .int8 import Int8Weight
 from .matmul import Matmul, RowMatmul, matmul_for
+from .q4 import Q4Weight
 
 ARCHITECTURES = ("qwen3", "llama")
 
@@ -42,17 +44,28 @@ def plain_linear(module) -> bool:
 
 
 def lean_linear(module) -> bool:
-    """A linear layer the lean path multiplies by directly: a plain one, or treegen's own int8 (engine/int8.py)."""
-    return plain_linear(module) or type(module) is Int8Linear
+    """A linear layer the lean path multiplies by directly: a plain one, or one of treegen's own forms."""
+    return plain_linear(module) or type(module) in OWN
 
 
-def weight_of(module) -> torch.Tensor | Int8Weight:
-    return module.int8 if type(module) is Int8Linear else module.weight
+def weight_of(module) -> torch.Tensor | Int8Weight | Q4Weight:
+    own = own_weight(module)
+    return module.weight if own is None else own
 
 
 def products(make):
-    """make(*float weights) -> a product; int8 weights are their own product, stacked (row-invariant already)."""
-    return lambda *w: Int8Weight.stack(*w) if isinstance(w[0], Int8Weight) else make(*w)
+    """make(*float weights) -> a product; treegen's own forms are their own product, stacked (row-invariant
+    already); weights of mixed forms (a projection whose shape no block fits beside ones that took blocks)
+    each their own product, side by side."""
+    def own(x) -> bool:
+        return isinstance(x, (Int8Weight, Q4Weight))
+
+    def product(*w):
+        if len({type(x) for x in w}) > 1:
+            parts = [x if own(x) else make(x) for x in w]
+            return lambda x: torch.cat([part(x) for part in parts], dim=-1)
+        return type(w[0]).stack(*w) if own(w[0]) else make(*w)
+    return product
 
 
 def supported(model) -> bool:
@@ -130,8 +143,10 @@ class FastDecoder:
 
     def compiled_stack(self, config) -> fused.FusedStack | None:
         """Every layer in one compiled call (engine/fused.py) where every product took the compiled bf16 form
-        (a weight whose measurement chose another keeps the per-layer path) and the shapes fit."""
-        if not fused.available() or self.embed.dtype != torch.bfloat16:
+        (a weight whose measurement chose another keeps the per-layer path), or every one is 4-bit blocks, and
+        the shapes fit."""
+        q4 = isinstance(self.layers[0][2], Q4Weight)
+        if not fused.available(q4) or self.embed.dtype != torch.bfloat16:
             return None
         heads, kv = config.num_attention_heads, config.num_key_value_heads
         if not fused.shapes_fit(config.hidden_size, heads, kv, self.head_dim, config.intermediate_size):
@@ -139,7 +154,8 @@ class FastDecoder:
         weights = []
         for norm1, qkv, wo, qk_norm, norm2, gate_up, wd in self.layers:
             products = (*qkv.parts, wo, *gate_up.parts, wd)
-            if len(products) != 4 or not all(isinstance(p, RowMatmul) and p.packed is not None for p in products):
+            if len(products) != 4 or not all(isinstance(p, Q4Weight) if q4 else
+                                             isinstance(p, RowMatmul) and p.packed is not None for p in products):
                 return None
             q_norm, k_norm = qk_norm or (None, None)
             weights.append(fused.LayerWeights(norm1, qkv.parts[0].packed, wo.packed, norm2, gate_up.parts[0].packed,

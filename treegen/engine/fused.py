@@ -27,13 +27,13 @@ class _Layer(ctypes.Structure):
 
 class _Shape(ctypes.Structure):
     _fields_ = [("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("dim", _i64), ("inter", _i64),
-                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("threads", ctypes.c_int)]
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("threads", ctypes.c_int), ("q4", ctypes.c_int)]
 
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One layer's bf16 weights: norms as they are, products laid out by kernels.row_matmul_pack (q, k, v
-    stacked; gate, up stacked)."""
+    """One layer's weights: norms as they are (bf16), products laid out by kernels.row_matmul_pack or, all of
+    them, as 4-bit blocks by engine/q4.py (uint8) (q, k, v stacked; gate, up stacked)."""
     norm1: torch.Tensor
     qkv: torch.Tensor
     o: torch.Tensor
@@ -44,8 +44,9 @@ class LayerWeights:
     k_norm: torch.Tensor | None = None
 
 
-def available() -> bool:
-    return kernels.decoder_library() is not None
+def available(q4: bool = False) -> bool:
+    lib = kernels.decoder_library()
+    return lib is not None and (not q4 or bool(lib.decoder_q4_available()))
 
 
 def shapes_fit(hidden: int, heads: int, kv_heads: int, dim: int, inter: int) -> bool:
@@ -68,12 +69,14 @@ class FusedStack:
     def __init__(self, layers: list[LayerWeights], final_norm: torch.Tensor | None, *, hidden: int, heads: int,
                  kv_heads: int, dim: int, inter: int, eps: float, scale: float):
         self.layers, self.final_norm = layers, final_norm   # kept alive: the table holds their addresses
-        self.shape = _Shape(hidden, heads, kv_heads, dim, inter, eps, scale, 1)
+        q4 = layers[0].qkv.dtype == torch.uint8
+        self.shape = _Shape(hidden, heads, kv_heads, dim, inter, eps, scale, 1, int(q4))
         self.table = (_Layer * len(layers))()
         for row, w in zip(self.table, layers):
             for name in ("norm1", "qkv", "o", "norm2", "gate_up", "down", "q_norm", "k_norm"):
                 tensor = getattr(w, name)
-                assert tensor is None or (tensor.dtype == torch.bfloat16 and tensor.is_contiguous())
+                form = torch.uint8 if q4 and name in ("qkv", "o", "gate_up", "down") else torch.bfloat16
+                assert tensor is None or (tensor.dtype == form and tensor.is_contiguous())
                 setattr(row, name, None if tensor is None else tensor.data_ptr())
         self.kernel = kernels.decoder_library().decoder_bf16
         self.hidden = hidden

@@ -107,19 +107,3 @@ def quantize(model) -> int:
 def is_int8(model) -> bool:
     """Whether quantize() made the model's weights int8 (its lm_head says: quantize replaces it too)."""
     return isinstance(model.get_output_embeddings(), Int8Linear)
-
-
-def weight_form(model) -> str:
-    """What the load line and `treegen info` say the target's weights are: int8, or their dtype."""
-    return NAME if is_int8(model) else str(model.dtype).removeprefix("torch.")
-
-
-def parameters(model) -> int:
-    """The model's parameter count as loaded, its int8 layers' weights included (buffers, not parameters); a tied
-    lm_head counts once, as in the float model."""
-    count = sum(p.numel() for p in model.parameters())
-    count += sum(m.int8.q.numel() for m in model.modules() if type(m) is Int8Linear)
-    head = model.get_output_embeddings()
-    if type(head) is Int8Linear and getattr(model.config, "tie_word_embeddings", False):
-        count -= head.int8.q.numel()
-    return count

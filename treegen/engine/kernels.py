@@ -2,8 +2,8 @@
 folder and loaded with ctypes: row_attention.c (attention; without it engine/invariant.py's torch path serves,
 the same row invariance, slower), row_matmul.c (bf16 products on AVX512-BF16; without it engine/matmul.py's
 other forms serve), row_ops.c (RMS norm, rotary embedding), row_int8.c (weight-only int8 products,
-engine/int8.py) and row_select.c (drafting's top-k and support logits, drafters/select.py). None where no
-compiler is found or a build fails."""
+engine/int8.py), row_q4.c (4-bit block products, engine/q4.py) and row_select.c (drafting's top-k and
+support logits, drafters/select.py). None where no compiler is found or a build fails."""
 from __future__ import annotations
 
 import ctypes
@@ -24,6 +24,7 @@ MATMUL_SOURCE = Path(__file__).with_name("row_matmul.c")
 OPS_SOURCE = Path(__file__).with_name("row_ops.c")
 INT8_SOURCE = Path(__file__).with_name("row_int8.c")
 SELECT_SOURCE = Path(__file__).with_name("row_select.c")
+Q4_SOURCE = Path(__file__).with_name("row_q4.c")
 DECODER_SOURCE = Path(__file__).with_name("row_decoder.c")   # includes the attention, product and ops sources
 HEADER = Path(__file__).with_name("row_common.h")   # included by the sources: part of every build's name
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math")
@@ -95,6 +96,17 @@ def int8_library() -> ctypes.CDLL | None:
 
 
 @functools.lru_cache(maxsize=1)
+def q4_library() -> ctypes.CDLL | None:
+    """The built 4-bit block product (row_q4.c), or None (as library(), or a CPU without AVX512-VNNI)."""
+    lib = build(Q4_SOURCE)
+    if lib is None or not lib.row_q4_available():
+        return None
+    for name in ("row_matmul_q4", "row_matmul_q8"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = MATMUL_ARGS, None
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
 def select_library() -> ctypes.CDLL | None:
     """The built selections of drafting (row_select.c: per-row top-k with log-sum-exp, gathered dot products),
     or None (as library())."""
@@ -109,7 +121,7 @@ def select_library() -> ctypes.CDLL | None:
 @functools.lru_cache(maxsize=1)
 def decoder_library() -> ctypes.CDLL | None:
     """The built whole-stack forward (row_decoder.c, bf16 on AVX512-BF16), or None (as matmul_library())."""
-    lib = build(DECODER_SOURCE, SOURCE, MATMUL_SOURCE, OPS_SOURCE)
+    lib = build(DECODER_SOURCE, SOURCE, MATMUL_SOURCE, OPS_SOURCE, Q4_SOURCE)
     if lib is None or not lib.decoder_available():
         return None
     lib.decoder_bf16.restype = None
@@ -202,8 +214,12 @@ def row_matmul_bound(packed: torch.Tensor):
     """row_matmul with one packed weight bound: its shape, pointer and the kernel looked up once, not on each
     of a decode step's calls, four a layer and the lm_head's (the same call, the same bits)."""
     blocks, pairs = packed.shape[:2]
-    n, k = blocks * 16, pairs * 2
-    kernel, weight = matmul_library().row_matmul_bf16, packed.data_ptr()
+    return bf16_product(matmul_library().row_matmul_bf16, packed, blocks * 16, pairs * 2)
+
+
+def bf16_product(kernel, packed: torch.Tensor, n: int, k: int):
+    """x [..., K] bf16 -> [..., N] bf16 through a compiled product with MATMUL_ARGS over one laid-out weight."""
+    weight = packed.data_ptr()
 
     def call(x: torch.Tensor, _keep=packed) -> torch.Tensor:
         flat = x.reshape(-1, k)
@@ -253,6 +269,14 @@ def int8_matmul_bound(packed: torch.Tensor, scale: torch.Tensor):
     return call
 
 
+def q4_matmul_bound(packed: torch.Tensor, q8: bool = False):
+    """x [..., K] bf16 -> x @ W.T [..., N] bf16 for W packed by engine/q4.py as Q4_1 (or, q8, Q8_0) blocks
+    (row_q4.c), bound once as row_matmul_bound."""
+    groups, blocks, _ = packed.shape
+    kernel = getattr(q4_library(), "row_matmul_q8" if q8 else "row_matmul_q4")
+    return bf16_product(kernel, packed, groups * 32, blocks * 32)
+
+
 def ops_usable(x: torch.Tensor, dim: int) -> bool:
     return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and dim % 16 == 0
             and dim <= MAX_ROPE_DIM and ops_library() is not None)
@@ -286,4 +310,5 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 def build_all() -> None:
     """Every kernel built now: before a measurement starts, so that the compiler's processes do not count as
     other work on the machine (disk.LoadWatch)."""
-    library(), matmul_library(), ops_library(), int8_library(), select_library(), decoder_library()
+    library(), matmul_library(), ops_library(), int8_library(), q4_library(), select_library(),
+    decoder_library()

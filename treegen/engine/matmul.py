@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from . import kernels
 from .disk import LoadWatch, cache_root, keep_if_quiet, notice, read_table
 from .int8 import Int8Weight
+from .q4 import Q4Weight, Q8Weight, fits
 
 FORMS = ("linear", "packed", "t", "swapped", "compiled")
 ROWS = (1, 2, 4, 8, 16, 32, 64)     # measured row counts; a count uses the form of the next measured one up
@@ -375,34 +376,48 @@ def matmul_for(model, *weights: torch.Tensor) -> RowMatmul:
     return table[key]
 
 
-def product(weight: torch.Tensor, int8: bool = False):
-    """x -> x @ W.T for a drafter's weight: its fastest float layout, or its int8 form (engine/int8.py: a
-    quarter of the bytes, for drafters only, whose products need not be the target's bits)."""
-    return Int8Weight.quantize(weight) if int8 else Matmul(weight)
+FLOAT, INT8, BLOCKS = "float", "int8", "q4"   # a drafter's product forms (drafters/precision.py picks one)
+
+
+def product(weight: torch.Tensor, form: str = FLOAT, head: bool = False):
+    """x -> x @ W.T for a drafter's weight: its fastest float layout, its int8 form (engine/int8.py: a quarter
+    of fp32's bytes) or, for a bf16 weight where row_q4.c serves, 4-bit blocks (Q8_0 for a head's rows:
+    engine/q4.py); for drafters only, whose products need not be the target's bits."""
+    if form == INT8:
+        return Int8Weight.quantize(weight)
+    if form == BLOCKS and blocks_fit(weight):
+        return (Q8Weight if head else Q4Weight).quantize(weight)
+    return Matmul(weight)
+
+
+def blocks_fit(weight: torch.Tensor) -> bool:
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and fits(*weight.shape)
+            and kernels.q4_library() is not None)
 
 
 class TunedForward:
-    """An nn.Linear's forward through its Matmul (or int8 form); made again if the module's weight was replaced."""
+    """An nn.Linear's forward through its Matmul (or another form); made again if the module's weight was
+    replaced."""
 
-    def __init__(self, module: torch.nn.Linear, int8: bool = False):
-        self.module, self.int8 = weakref.ref(module), int8
+    def __init__(self, module: torch.nn.Linear, form: str = FLOAT):
+        self.module, self.form = weakref.ref(module), form
         self.source = (module.weight.data_ptr(), module.weight.dtype)
-        self.matmul = product(module.weight, int8)
+        self.matmul = product(module.weight, form)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.module().weight
         if (weight.data_ptr(), weight.dtype) != self.source:
-            self.source, self.matmul = (weight.data_ptr(), weight.dtype), product(weight, self.int8)
+            self.source, self.matmul = (weight.data_ptr(), weight.dtype), product(weight, self.form)
         return self.matmul(x)
 
 
-def tune_linears(*modules: torch.nn.Module, int8: bool = False) -> None:
-    """Every bias-free nn.Linear under these modules computes through a Matmul (int8: its int8 form). For a
+def tune_linears(*modules: torch.nn.Module, form: str = FLOAT) -> None:
+    """Every bias-free nn.Linear under these modules computes through a Matmul (or `form`'s product). For a
     drafter's own modules only (never the target's: its rows must stay what the lean forward or transformers
     compute)."""
     for root in modules:
         for module in root.modules():
             forward = module.__dict__.get("forward")   # shared, or tuned by a cast before
-            tuned = isinstance(forward, TunedForward) and forward.int8 == int8
+            tuned = isinstance(forward, TunedForward) and forward.form == form
             if type(module) is torch.nn.Linear and module.bias is None and applies(module.weight) and not tuned:
-                module.forward = TunedForward(module, int8)
+                module.forward = TunedForward(module, form)

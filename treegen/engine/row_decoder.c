@@ -17,9 +17,13 @@
 #include "row_attention.c"
 #include "row_matmul.c"
 #include "row_ops.c"
+#include "row_q4.c"
 
 typedef struct {
-    const uint16_t *norm1, *qkv, *o, *norm2, *gate_up, *down;   /* products laid out by row_matmul_pack */
+    const uint16_t *norm1;
+    const void *qkv, *o;          /* products laid out by row_matmul_pack (bf16) or engine/q4.py (4-bit blocks) */
+    const uint16_t *norm2;
+    const void *gate_up, *down;
     const uint16_t *q_norm, *k_norm;                            /* per-head norms (Qwen3), or NULL */
     uint16_t *keys, *values;                                    /* cache buffers [kv_heads][capacity][dim] */
     int64_t kv_stride;                                          /* capacity * dim */
@@ -29,9 +33,23 @@ typedef struct {
     int64_t hidden, heads, kv_heads, dim, inter;
     float eps, scale;
     int threads;
+    int q4;   /* the products' form: 0 bf16 (row_matmul.c), 1 4-bit blocks (row_q4.c) */
 } Shape;
 
 int decoder_available(void) { return row_matmul_available(); }
+int decoder_q4_available(void) { return row_matmul_available() && row_q4_available(); }
+
+static void product(const Shape *s, const uint16_t *x, int64_t rows, int64_t x_stride, const void *w, int64_t n,
+                    int64_t k, uint16_t *y, int64_t y_stride) {
+    if (s->q4) row_matmul_q4(x, rows, x_stride, (const uint8_t *)w, n, k, y, y_stride, s->threads);
+    else row_matmul_bf16(x, rows, x_stride, (const uint16_t *)w, n, k, y, y_stride, s->threads);
+}
+
+/* A product's outputs from `first` on (first: whole tiles of either layout). */
+static const void *outputs_from(const Shape *s, const void *w, int64_t first, int64_t k) {
+    if (s->q4) return (const uint8_t *)w + first / Q4_GROUP * (k / Q4_BLOCK) * Q4_BYTES;
+    return (const uint16_t *)w + first * k;
+}
 
 /* x += y, each sum rounded to bf16 (as torch's bf16 add). */
 static void add_rows(uint16_t *x, const uint16_t *y, int64_t count) {
@@ -81,7 +99,7 @@ void decoder_bf16(const Shape *s, int64_t layers, const Layer *w, const uint16_t
     const int64_t qkv_w = q_out + 2 * kv_out, all = context + rows;
     const int threads = s->threads;
     /* the context rows need only k and v: the stacked weight's last 2 * kv_out outputs, when whole tiles */
-    const int kv_only = (2 * kv_out) % 64 == 0;
+    const int kv_only = s->q4 ? q_out % Q4_GROUP == 0 && (2 * kv_out) % Q4_GROUP == 0 : (2 * kv_out) % 64 == 0;
     uint16_t *x = malloc(sizeof(uint16_t) * rows * H), *h = malloc(sizeof(uint16_t) * rows * H);
     uint16_t *qkv = malloc(sizeof(uint16_t) * all * qkv_w), *att = malloc(sizeof(uint16_t) * rows * q_out);
     uint16_t *o = malloc(sizeof(uint16_t) * rows * H), *gu = malloc(sizeof(uint16_t) * rows * 2 * I);
@@ -93,11 +111,11 @@ void decoder_bf16(const Shape *s, int64_t layers, const Layer *w, const uint16_t
         const Layer *L = w + l;
         uint16_t *qkv_rows = qkv + context * qkv_w;
         rms_norm_bf16(x, rows, H, H, L->norm1, s->eps, h);
-        row_matmul_bf16(h, rows, H, L->qkv, qkv_w, H, qkv_rows, qkv_w, threads);
+        product(s, h, rows, H, L->qkv, qkv_w, H, qkv_rows, qkv_w);
         if (context && kv_only)
-            row_matmul_bf16(ctx, context, H, L->qkv + q_out * H, 2 * kv_out, H, qkv + q_out, qkv_w, threads);
+            product(s, ctx, context, H, outputs_from(s, L->qkv, q_out, H), 2 * kv_out, H, qkv + q_out, qkv_w);
         else if (context)
-            row_matmul_bf16(ctx, context, H, L->qkv, qkv_w, H, qkv, qkv_w, threads);
+            product(s, ctx, context, H, L->qkv, qkv_w, H, qkv, qkv_w);
         if (L->q_norm) norm_heads(qkv_rows, rows, qkv_w, s->heads, D, L->q_norm, s->eps);
         if (L->k_norm) norm_heads(qkv + q_out, all, qkv_w, s->kv_heads, D, L->k_norm, s->eps);
         rope_bf16(qkv_rows, rows, qkv_w, s->heads, D, cos + context * D, sin + context * D);
@@ -111,12 +129,12 @@ void decoder_bf16(const Shape *s, int64_t layers, const Layer *w, const uint16_t
         attend_bf16(qkv_rows, L->keys, L->values, s->heads, s->kv_heads, rows, D, D, qkv_w, L->kv_stride, D,
                     past + context, own, count, width, s->scale, att32, threads);
         for (int64_t i = 0; i < rows * q_out; ++i) att[i] = to_bf16(att32[i]);
-        row_matmul_bf16(att, rows, q_out, L->o, H, q_out, o, H, threads);
+        product(s, att, rows, q_out, L->o, H, q_out, o, H);
         add_rows(x, o, rows * H);
         rms_norm_bf16(x, rows, H, H, L->norm2, s->eps, h);
-        row_matmul_bf16(h, rows, H, L->gate_up, 2 * I, H, gu, 2 * I, threads);
+        product(s, h, rows, H, L->gate_up, 2 * I, H, gu, 2 * I);
         silu_mul(gu, rows, I, act, threads);
-        row_matmul_bf16(act, rows, I, L->down, H, I, o, H, threads);
+        product(s, act, rows, I, L->down, H, I, o, H);
         add_rows(x, o, rows * H);
         if (states) memcpy(states + (l + 1) * rows * H, x, sizeof(uint16_t) * rows * H);
     }

@@ -1,8 +1,9 @@
 """How many threads a CPU run uses. OpenMP's threads wait for each other at every op; on a machine where other
 work holds cores, a thread that waits for a busy core stalls the rest (tens of times slower, not a little).
-A greedy generation takes only the free cores, and only thread counts with which this model's logits were
-checked to be the same bits (the same command gives the same tokens every run, busy or not); --threads
-fixes the count; a sampled run keeps it and says so on a busy machine."""
+A greedy generation, and a sampled one without a drafter model (plain decoding, prompt lookup), takes only
+the free cores, and only thread counts with which this model's logits were checked to be the same bits (the
+same command gives the same tokens every run, busy or not); --threads fixes the count; a sampled run with a
+drafter keeps it and says so on a busy machine."""
 from __future__ import annotations
 
 import os
@@ -36,9 +37,9 @@ def choose(requested: int | None, device_type: str = "cpu") -> str | None:
         return None
     free, cores = free_cores()
     if free < torch.get_num_threads():
-        return (f"other processes are using {cores - free} of {cores} cores: greedy runs take the free ones (the "
-                f"same tokens); a sampled run keeps {torch.get_num_threads()} threads and may be many times slower "
-                f"(--threads {free} avoids the wait)")
+        return (f"other processes are using {cores - free} of {cores} cores: greedy runs and plain decoding take "
+                f"the free ones (the same tokens); a sampled run with a drafter keeps {torch.get_num_threads()} "
+                f"threads and may be many times slower (--threads {free} avoids the wait)")
     return None
 
 
@@ -51,22 +52,24 @@ def candidate_counts(cores: int) -> tuple[int, ...]:
 
 
 class ThreadPlan:
-    """The thread counts one run's greedy generations may use. `allowed` holds only counts with which this
-    model's logits were checked to be the same bits as with all of them (neutral_counts), so taking fewer
-    threads when other work holds cores changes the speed, never the tokens. Sampled generations keep the
+    """The thread counts one run's generations may use where their tokens follow from the target's logits
+    alone (greedy, or sampled without a drafter model). `allowed` holds only counts with which this model's
+    logits were checked to be the same bits as with all of them (neutral_counts), so taking fewer threads when
+    other work holds cores changes the speed, never the tokens. Sampled generations with a drafter keep the
     run's count: their drafts' laws come from the drafter, whose bits that check does not cover."""
 
     def __init__(self, allowed: tuple[int, ...] = ()):
         self.allowed = tuple(sorted(allowed))
 
     @contextmanager
-    def greedy(self, temperature: float):
-        """For one generation: the most allowed threads that fit in the cores other processes leave free."""
+    def fitting(self, covered: bool):
+        """For one generation whose tokens the check covers (`covered`: greedy, or no drafter model): the most
+        allowed threads that fit in the cores other processes leave free; else the run's count."""
         import torch
 
         before = torch.get_num_threads()
         fitting = [t for t in self.allowed if t <= before]
-        if temperature > 0 or len(fitting) < 2:
+        if not covered or len(fitting) < 2:
             yield before
             return
         free, _ = free_cores(GENERATION_SAMPLE)

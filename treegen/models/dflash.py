@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..engine import fused, kernels
+from ..engine import fused, kernels, matmul
 from ..engine.cache import room
 from ..engine.fast_decoder import Projections
 from ..engine.matmul import product
+from ..engine.q4 import Q4Weight
 
 
 @dataclass(frozen=True)
@@ -92,17 +93,17 @@ def rope(x: torch.Tensor, cos_sin) -> torch.Tensor:
 class Stacked:
     """Several projections of one input as one product over their stacked weights (the verify forward's
     Projections; drafting: one call instead of two or three), made again when a weight changes (a cast, or a
-    drafter trained after it drafted). int8: the product in its int8 form (DFlashDrafter.quantize_products)."""
+    drafter trained after it drafted). form: the product's (engine/matmul.product; DFlashDrafter.quantize_products)."""
 
     def __init__(self, *linears: nn.Linear):
         self.linears, self.versions, self.projections = linears, None, None
-        self.int8 = False
+        self.form = "float"
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        versions = [(m.weight.data_ptr(), m.weight._version, m.weight.dtype, self.int8) for m in self.linears]
+        versions = [(m.weight.data_ptr(), m.weight._version, m.weight.dtype, self.form) for m in self.linears]
         if versions != self.versions:
             weights = [m.weight.detach() for m in self.linears]
-            self.projections = Projections(weights, lambda *w: product(torch.cat(w), self.int8), fuse=True)
+            self.projections = Projections(weights, lambda *w: product(torch.cat(w), self.form), fuse=True)
             self.versions = versions
         return self.projections(x)
 
@@ -286,13 +287,14 @@ class DFlashDrafter(nn.Module):
         self._stack_version: tuple | None = None
         self._params: list[nn.Parameter] | None = None
 
-    def quantize_products(self, on: bool = True) -> None:
-        """Drafting's products in int8 (engine/int8.py): a quarter of the bytes a pass reads, where a CPU has
-        no fast bf16; drafts only propose, so this changes what is drafted, never what is generated."""
+    def quantize_products(self, form: str = "int8") -> None:
+        """Drafting's products in `form` (engine/matmul.product): int8 (a quarter of fp32's bytes a pass, where
+        a CPU has no fast bf16) or 4-bit blocks (beside a q4 target); drafts only propose, so this changes what
+        is drafted, never what is generated."""
         for module in self.modules():
             for value in vars(module).values():
                 if isinstance(value, Stacked):
-                    value.int8 = on
+                    value.form = form
 
     def project_context(self, features: torch.Tensor) -> torch.Tensor:
         """[.., T, k*H] target features -> [.., T, H] context hidden states."""
@@ -323,28 +325,31 @@ class DFlashDrafter(nn.Module):
             and kernels.ops_usable(block, c.hidden_size) and block.dtype == self.fc.weight.dtype
 
     def compiled_stack(self, block: torch.Tensor) -> fused.FusedStack | None:
-        """The layers as one compiled call (engine/fused.py) for bf16 drafting on AVX512-BF16, laid out again
-        when a weight changes (a cast, a training step); None where it does not serve (int8 products, shapes)."""
-        c = self.config
-        if block.dtype != torch.bfloat16 or self.fc_product.int8 or not fused.available() \
+        """The layers as one compiled call (engine/fused.py) for bf16 drafting on AVX512-BF16 (its products as
+        4-bit blocks in that form), laid out again when a weight changes (a cast, a training step); None where
+        it does not serve (int8 products, shapes)."""
+        c, form = self.config, self.fc_product.form
+        blocks = form == matmul.BLOCKS
+        if block.dtype != torch.bfloat16 or form == matmul.INT8 or not fused.available(blocks) \
                 or not fused.shapes_fit(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                         c.intermediate_size):
             return None
         if self._params is None:   # walking the modules each pass costs more than the check itself
             self._params = list(self.parameters())
         params = self._params
-        version = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+        version = tuple((p.data_ptr(), p._version, p.dtype) for p in params) + (form,)
         if self._stack_version != version:
             if any(p.dtype != torch.bfloat16 for p in params):
                 return None
+            pack = (lambda w: Q4Weight.quantize(w).packed) if blocks else fused.pack
             layers = []
             for layer in self.layers:
                 attn, mlp = layer.self_attn, layer.mlp
                 layers.append(fused.LayerWeights(
                     layer.input_layernorm.weight.detach(),
-                    fused.pack(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
-                    fused.pack(attn.o_proj.weight), layer.post_attention_layernorm.weight.detach(),
-                    fused.pack(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])), fused.pack(mlp.down_proj.weight),
+                    pack(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
+                    pack(attn.o_proj.weight), layer.post_attention_layernorm.weight.detach(),
+                    pack(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])), pack(mlp.down_proj.weight),
                     attn.q_norm.weight.detach(), attn.k_norm.weight.detach()))
             self._stack = fused.FusedStack(layers, self.norm.weight.detach(), hidden=c.hidden_size,
                                            heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,

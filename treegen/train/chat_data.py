@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from ..loading import gguf_converted
 
-        folder = gguf_converted(shipped(args.target, "target"))
+        folder, _ = gguf_converted(shipped(args.target, "target"))
         tok, hidden = AutoTokenizer.from_pretrained(folder), AutoConfig.from_pretrained(folder).hidden_size
     else:
         target, tok = load_target(shipped(args.target, "target"), dtype=rt.target_dtype, device=str(rt.device))

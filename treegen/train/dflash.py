@@ -161,7 +161,7 @@ def frequent_tokens(stream: torch.Tensor, k: int) -> torch.Tensor:
 def exporter(save, out_dir: Path, stream: torch.Tensor, target):
     """on_checkpoint(): the drafter in its published layout (`save`), and beside it the tokens its head scores
     when drafting (drafters/vocab.py: the stream's most frequent)."""
-    ids = vocab.frequent_tokens(stream, target.get_output_embeddings().weight.shape[0])
+    ids = vocab.frequent_tokens(stream, target.get_output_embeddings().out_features)
 
     def export(folder: Path = out_dir) -> None:
         save(folder)
