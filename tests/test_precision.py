@@ -108,14 +108,17 @@ def test_tied_target_gets_one_drafting_copy(demo):
 
 
 def test_auto_follows_the_cpu(demo, monkeypatch):
-    """auto, for an fp32 target: bf16 where the CPU has native bf16, else int8 products where their kernel built,
-    else fp32; an explicit value always wins."""
+    """auto, for an fp32 target: 4-bit block products where the CPU has native bf16 and row_q4.c builds, bf16
+    where only the first holds, else int8 products where their kernel built, else fp32; an explicit value
+    always wins."""
     from treegen.drafters import precision
     from treegen.engine import kernels
 
-    for native, built, expected in ((True, True, torch.bfloat16), (False, True, torch.int8),
-                                    (False, False, torch.float32)):
+    assert demo.model.get_input_embeddings().weight.dtype == torch.float32
+    for native, blocks, built, expected in ((True, True, True, torch.uint8), (True, False, True, torch.bfloat16),
+                                            (False, True, True, torch.int8), (False, False, False, torch.float32)):
         monkeypatch.setattr(precision, "native_bf16", lambda native=native: native)
+        monkeypatch.setattr(kernels, "q4_library", lambda blocks=blocks: object() if blocks else None)
         monkeypatch.setattr(kernels, "int8_library", lambda built=built: object() if built else None)
         assert draft_dtype("auto", demo.model) == expected
         assert draft_dtype("fp32", demo.model) == torch.float32

@@ -6,10 +6,10 @@ PLD_BRANCHES = 4
 LOOKUP = False          # any drafter's method: prompt-lookup rounds where the text repeats and they pay
 SAMPLE = True           # any drafter's method at T > 0: a chain drawn from the draft laws first (speculative sampling)
 DRAWS = 1               # with `sample`: drawn children at depth 1 (half as many each depth after); 1 = a chain
-DTYPE = "auto"          # any drafter's method: its compute precision; auto = bf16 for an fp32 target on a CPU with
-                        #   native bf16 dot products (faster matmuls there: docs/ablations/dtype.md), int8 products on
-                        #   another CPU (engine/int8.py), 4-bit block products for a q4 target (engine/q4.py),
-                        #   else the target's
+DTYPE = "auto"          # any drafter's method: its compute precision; auto = 4-bit block products (engine/q4.py) on
+                        #   a CPU where they build, beside a q4 target or where it would draft in bf16; else bf16
+                        #   for an fp32 target on a CPU with native bf16 dot products (docs/ablations/dtype.md),
+                        #   int8 products on another CPU (engine/int8.py), else the target's
 DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "q4")
 VOCAB = "auto"          # any drafter's method: the tokens its head scores; auto = the frequent tokens its drafter
 VOCABS = ("auto", "full")   #   ships (draft_vocab.safetensors) and the context's, else all; full = all (drafters/vocab.py)

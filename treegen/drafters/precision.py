@@ -19,10 +19,11 @@ BLOCKS = torch.uint8  # as a drafter dtype: bf16 weights whose products run as 4
 
 
 def draft_dtype(name: str, target) -> torch.dtype:
-    """`auto`, for an fp32 target on a CPU: bf16 where the CPU has native bf16, else int8 products where their
-    kernel built (a quarter of fp32's bytes a pass); for a target in 4-bit blocks (`--dtype q4`), blocks too
-    where row_q4.c serves (the drafter's pass then reads what the target's step does); otherwise the target's
-    own dtype."""
+    """`auto`, on a CPU: 4-bit block products where row_q4.c serves, for a target in blocks (`--dtype q4`) or
+    one the drafter would otherwise draft for in bf16 (a bf16 target, or an fp32 one on a CPU with native bf16):
+    the same drafts' ranking at a third of bf16's bytes and twice its products a cycle; else, for an fp32
+    target, bf16 where the CPU has native bf16 and int8 products where their kernel built (a quarter of fp32's
+    bytes a pass); otherwise the target's own dtype."""
     weight = target.get_input_embeddings().weight
     if name == "int8":
         return INT8
@@ -30,9 +31,12 @@ def draft_dtype(name: str, target) -> torch.dtype:
         return BLOCKS
     if name != D.DTYPE:
         return DTYPES[name]
-    if q4.is_q4(target) and input_device(target).type == "cpu" and kernels.q4_library() is not None:
+    if input_device(target).type != "cpu":
+        return weight.dtype
+    float_bf16 = weight.dtype == torch.bfloat16 or (weight.dtype == torch.float32 and native_bf16())
+    if (q4.is_q4(target) or float_bf16) and kernels.q4_library() is not None:
         return BLOCKS
-    if input_device(target).type == "cpu" and weight.dtype == torch.float32:
+    if weight.dtype == torch.float32:
         if native_bf16():
             return torch.bfloat16
         if kernels.int8_library() is not None:
