@@ -22,6 +22,7 @@ from .forms import OWN, own_weight
 from .int8 import Int8Weight
 from .matmul import Matmul, RowMatmul, matmul_for
 from .q4 import Q4Weight
+from .rope import RopeTable
 
 ARCHITECTURES = ("qwen3", "llama")
 
@@ -129,7 +130,7 @@ class FastDecoder:
         self.groups = config.num_attention_heads // config.num_key_value_heads
         self.scale = decoder.layers[0].self_attn.scaling
         self.embed, self.norm = decoder.embed_tokens.weight, decoder.norm.weight
-        self.inv_freq = decoder.rotary_emb.inv_freq
+        self.rope = RopeTable(decoder.rotary_emb.inv_freq, self.embed.dtype)
         self.layers = []
         for layer in decoder.layers:
             attn = layer.self_attn
@@ -165,9 +166,7 @@ class FastDecoder:
 
     def __call__(self, ids, positions, mask, cache) -> tuple[torch.Tensor, list[torch.Tensor]]:
         x = F.embedding(ids, self.embed)
-        freqs = positions[..., None].float() * self.inv_freq.to(torch.float)
-        angles = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
+        cos, sin = (t[:, None] for t in self.rope(positions))
         if self.stack is not None and ids.shape[0] == 1:
             done = self.compiled(x, cos, sin, mask, cache)
             if done is not None:

@@ -18,6 +18,7 @@ from ..engine.cache import room
 from ..engine.fast_decoder import Projections
 from ..engine.matmul import product
 from ..engine.q4 import Q4Weight
+from ..engine.rope import RopeTable, per_forward
 
 
 @dataclass(frozen=True)
@@ -73,13 +74,19 @@ class Rotary(nn.Module):
         # fp32 whatever the drafter's dtype: not a buffer, so that module.to(bf16) cannot round it (a bf16
         # frequency is off by up to 0.4%: radians of phase by position 1000)
         self.inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)
+        self.tables: dict[torch.dtype, RopeTable] = {}   # drafting's cos / sin by dtype
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype):
-        """positions [b, L] -> (cos, sin) [b, 1, L, head_dim] for broadcasting over heads."""
+        """positions [b, L] -> (cos, sin) [b, 1, L, head_dim] for broadcasting over heads; drafting on a CPU
+        looks them up (engine/rope.py), training makes them."""
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
-        freqs = positions.float()[..., None] * self.inv_freq
-        emb = torch.cat([freqs, freqs], dim=-1)[:, None]
+        if positions.device.type == "cpu" and not torch.is_grad_enabled():
+            table = self.tables.get(dtype)
+            if table is None:
+                table = self.tables[dtype] = RopeTable(self.inv_freq, dtype)
+            return tuple(t[:, None] for t in table(positions))
+        emb = per_forward(positions, self.inv_freq)[:, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
