@@ -185,6 +185,7 @@ def test_version_and_info():
     info = invoke("info")
     assert info.exit_code == 0 and "transformers" in info.stdout and "demo target" in info.stdout
     assert "default " in info.stdout and " pair)" in info.stdout   # what chat and complete run by default
+    assert "drafter auto " in info.stdout   # what a drafter's `dtype: auto` drafts in here
 
 
 def test_chat_through_the_cli(tiny_model_dir):

@@ -369,8 +369,9 @@ def info():
 
     from .assets import DEMO_DRAFTER, DEMO_TARGET, SMOLLM2_INSTALL, default_pair, smollm2_gguf
     from .drafters import METHODS
+    from .drafters.precision import auto_words
     from .engine import kernels
-    from .loading import auto_weights, resolve_device
+    from .loading import auto_weights, resolve_device, resolve_dtype
     from .policy import default_preset
 
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
@@ -380,6 +381,7 @@ def info():
             ("transformers", transformers.__version__), ("cuda device", cuda),
             # what --dtype auto loads here, and whether --dtype int8 / q4 have their compiled products
             ("dtype auto", auto_weights(resolve_device("auto"))),
+            ("drafter auto", f"{auto_words(resolve_dtype('auto', torch.device('cpu')))} on the CPU"),
             ("int8 product", f"compiled (row_int8.c, {build})" if (build := kernels.int8_build())
              else "torch (no C compiler found)"),
             ("q4 product", "compiled (row_q4.c, AVX512-VNNI)" if kernels.q4_library() is not None

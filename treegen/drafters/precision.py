@@ -24,24 +24,36 @@ def draft_dtype(name: str, target) -> torch.dtype:
     the same drafts' ranking at a third of bf16's bytes and twice its products a cycle; else, for an fp32
     target, bf16 where the CPU has native bf16 and int8 products where their kernel built (a quarter of fp32's
     bytes a pass); otherwise the target's own dtype."""
-    weight = target.get_input_embeddings().weight
     if name == "int8":
         return INT8
     if name == "q4":
         return BLOCKS
     if name != D.DTYPE:
         return DTYPES[name]
-    if input_device(target).type != "cpu":
-        return weight.dtype
-    float_bf16 = weight.dtype == torch.bfloat16 or (weight.dtype == torch.float32 and native_bf16())
-    if (q4.is_q4(target) or float_bf16) and kernels.q4_library() is not None:
+    weight = target.get_input_embeddings().weight
+    return auto_dtype(weight.dtype, q4.is_q4(target), input_device(target).type == "cpu")
+
+
+def auto_dtype(weight: torch.dtype, blocks: bool, cpu: bool) -> torch.dtype:
+    """`auto` for a target whose embedding is in `weight` (`blocks`: its linears are 4-bit blocks), on a CPU
+    or not: draft_dtype's rule."""
+    if not cpu:
+        return weight
+    float_bf16 = weight == torch.bfloat16 or (weight == torch.float32 and native_bf16())
+    if (blocks or float_bf16) and kernels.q4_library() is not None:
         return BLOCKS
-    if weight.dtype == torch.float32:
+    if weight == torch.float32:
         if native_bf16():
             return torch.bfloat16
         if kernels.int8_library() is not None:
             return INT8
-    return weight.dtype
+    return weight
+
+
+def auto_words(weight: torch.dtype) -> str:
+    """What `auto` drafts in on this CPU beside a target in `weight` (treegen info)."""
+    dtype = auto_dtype(weight, False, True)
+    return {BLOCKS: "4-bit block products (q4)", INT8: "int8 products"}.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def float_dtype(dtype: torch.dtype) -> torch.dtype:
