@@ -19,6 +19,9 @@ import torch
 from . import fast_decoder, prefill
 from .fast_decoder import plain_linear
 from .matmul import matmul_for
+from .tree import DraftTree, verification_inputs
+
+LEAN_CHUNK = 512   # prompt rows per lean forward: its causal tables ([rows, rows] ancestors) stay small
 
 # config fields of architectures whose logits are not just lm_head(hidden): those keep the model's forward
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -111,15 +114,29 @@ class TargetStep:
         return logits, prefill.features(hidden, self.layer_ids, self.feature_device)
 
     def prefill(self, ids, positions, cache) -> tuple[Logits, torch.Tensor | None]:
-        """The prompt's forward: Logits of its last row alone, and the requested layers of every row."""
-        forward = prefill.decoder_rows(self.model) if self.lazy else prefill.model_rows(self.model)
-        last, feats = prefill.run_chunks(forward, ids, positions, cache, self.layer_ids, self.prefill_chunk,
-                                         self.feature_device)
+        """The prompt's forward: Logits of its last row alone, and the requested layers of every row. Where the
+        lean decoder serves, the prompt runs through it too (a chunk is a chain: each row sees the cache and
+        the rows before it), so a prompt costs its rows' products and not transformers' per-op work."""
+        if self.fast is not None:
+            forward, chunk = self.lean_rows, min(self.prefill_chunk, LEAN_CHUNK)
+        else:
+            forward = prefill.decoder_rows(self.model) if self.lazy else prefill.model_rows(self.model)
+            chunk = self.prefill_chunk
+        last, feats = prefill.run_chunks(forward, ids, positions, cache, self.layer_ids, chunk, self.feature_device)
         if not self.lazy:
             return Logits(None, full=last), feats
         logits = Logits(last, self.head)
         self.projection.prepare(logits)
         return logits, feats
+
+
+    def lean_rows(self, ids, positions, cache, hidden) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """prefill.ChunkForward through the lean decoder: the chunk's rows as a chain under its first token."""
+        tokens = ids[0]
+        rows, _, mask = verification_inputs(int(tokens[0]), DraftTree.chain(tokens[1:]), cache.get_seq_length(),
+                                            self.model.dtype)
+        last, states = self.fast(rows, positions, mask, cache)
+        return last[0, -1:], states
 
 
 class Projection:
