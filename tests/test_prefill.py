@@ -113,3 +113,26 @@ def test_generation_unchanged_by_chunks(demo, method):
         config = GenerationConfig(32, eos_token_ids=eos_ids(demo, tokenizer), prefill_chunk=chunk)
         tokens = [t for r in generate(demo, drafter, prompt, config) for t in r.tokens]
         assert tokens == ref[:len(tokens)] and (len(tokens) == 32 or tokens[-1] in config.eos_token_ids)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_lean_prefill_gives_chunks_the_bits_of_the_whole_prompt(dtype):
+    """On a CPU the prompt runs through the lean decoder (engine/target.py, a chunk as a chain), whose rows are
+    row-invariant: in chunks of any size the cache, the features and the last row are the whole prompt's,
+    bit for bit (a chat turn prefilled on top of the last turn's cache computes what a fresh prompt would)."""
+    model = load_target(str(DEMO_TARGET), dtype=dtype, device="cpu")[0]
+    n = 45
+    ids = torch.randint(model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(3))
+    pos = torch.arange(n)[None]
+    with torch.inference_mode():
+        whole_cache = new_cache(model)
+        step = TargetStep(model, DEMO_LAYERS, prefill_chunk=n)
+        assert step.fast is not None
+        whole, whole_feats = step(ids, pos, None, whole_cache)
+        for chunk in (1, 7, 16):
+            cache = new_cache(model)
+            logits, feats = TargetStep(model, DEMO_LAYERS, prefill_chunk=chunk)(ids, pos, None, cache)
+            assert torch.equal(feats, whole_feats) and torch.equal(logits.row(-1), whole.row(-1))
+            for a, b in zip(cache.layers, whole_cache.layers):
+                assert torch.equal(a.keys[..., :n, :], b.keys[..., :n, :])
+                assert torch.equal(a.values[..., :n, :], b.values[..., :n, :])
