@@ -115,11 +115,12 @@ def test_generation_unchanged_by_chunks(demo, method):
         assert tokens == ref[:len(tokens)] and (len(tokens) == 32 or tokens[-1] in config.eos_token_ids)
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", ["bf16", "q4"])
 def test_the_lean_prefill_gives_chunks_the_bits_of_the_whole_prompt(dtype):
-    """On a CPU the prompt runs through the lean decoder (engine/target.py, a chunk as a chain), whose rows are
-    row-invariant: in chunks of any size the cache, the features and the last row are the whole prompt's,
-    bit for bit (a chat turn prefilled on top of the last turn's cache computes what a fresh prompt would)."""
+    """Where the compiled stack serves, the prompt runs through it (engine/target.py, a chunk as a chain), and
+    its rows are row-invariant: in chunks of any size the cache, the features and the last row are the whole
+    prompt's, bit for bit (a chat turn prefilled on top of the last turn's cache computes what a fresh prompt
+    would)."""
     model = load_target(str(DEMO_TARGET), dtype=dtype, device="cpu")[0]
     n = 45
     ids = torch.randint(model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(3))
@@ -127,7 +128,8 @@ def test_the_lean_prefill_gives_chunks_the_bits_of_the_whole_prompt(dtype):
     with torch.inference_mode():
         whole_cache = new_cache(model)
         step = TargetStep(model, DEMO_LAYERS, prefill_chunk=n)
-        assert step.fast is not None
+        if step.fast is None or step.fast.stack is None:
+            pytest.skip("the compiled stack needs AVX512-BF16 (and AVX512-VNNI for q4)")
         whole, whole_feats = step(ids, pos, None, whole_cache)
         for chunk in (1, 7, 16):
             cache = new_cache(model)

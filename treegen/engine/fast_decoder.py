@@ -8,8 +8,8 @@ recording and mask preparation around transformers' ops. Two paths:
 
 Why: on a small target much of a one-row step through transformers is per-op Python around ~40 small ops a
 layer, not the matrix multiplies; this path drops it (docs/benchmarks.md: ar against hf-generate). It
-serves the verify forwards, which always come with the engine's explicit 4D additive mask, and the prompt's
-(engine/target.py gives each chunk of it as a chain).
+serves the verify forwards, which always come with the engine's explicit 4D additive mask, and, where the
+compiled stack serves, the prompt's (engine/target.py gives each chunk of it as a chain).
 """
 from __future__ import annotations
 

@@ -115,9 +115,11 @@ class TargetStep:
 
     def prefill(self, ids, positions, cache) -> tuple[Logits, torch.Tensor | None]:
         """The prompt's forward: Logits of its last row alone, and the requested layers of every row. Where the
-        lean decoder serves, the prompt runs through it too (a chunk is a chain: each row sees the cache and
-        the rows before it), so a prompt costs its rows' products and not transformers' per-op work."""
-        if self.fast is not None:
+        lean decoder runs the whole stack as one compiled call, the prompt runs through it too (a chunk is a
+        chain: each row sees the cache and the rows before it), so a prompt costs its rows' products and not
+        transformers' per-op work; elsewhere transformers' forward (in fp32, plain decoding then equals
+        transformers' own generate() bit for bit: tests/test_bench.py)."""
+        if self.fast is not None and self.fast.stack is not None:
             forward, chunk = self.lean_rows, min(self.prefill_chunk, LEAN_CHUNK)
         else:
             forward = prefill.decoder_rows(self.model) if self.lazy else prefill.model_rows(self.model)
