@@ -118,14 +118,19 @@ def test_every_method_equals_plain_decoding_of_the_int8_target(demo_int8, method
     equals_plain_decoding(demo_int8, method)
 
 
-def test_int8_with_bitsandbytes_is_a_usage_error():
+def refused_beside_bitsandbytes(dtype: str, flag: str) -> None:
+    """`--dtype DTYPE` with bitsandbytes' FLAG: a usage error that names the clash."""
     from click.testing import CliRunner
 
     from treegen.cli import cli
 
-    result = CliRunner().invoke(cli, ["complete", "-", "--dtype", "int8", "--load-in-8bit"], input="x")
+    result = CliRunner().invoke(cli, ["complete", "-", "--dtype", dtype, flag], input="x")
     assert result.exit_code == 2
-    assert "--dtype int8 quantizes the weights itself" in result.output
+    assert f"--dtype {dtype} quantizes the weights itself" in result.output
+
+
+def test_int8_with_bitsandbytes_is_a_usage_error():
+    refused_beside_bitsandbytes("int8", "--load-in-8bit")
 
 
 def test_auto_loads_int8_only_on_a_cpu_without_native_bf16(monkeypatch):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_llama, tiny_qwen3
-from test_int8 import METHODS, equals_plain_decoding
+from test_int8 import METHODS, equals_plain_decoding, refused_beside_bitsandbytes
 from test_row_invariance import check
 
 from treegen.engine import forms, fused, kernels, q4
@@ -43,26 +43,32 @@ def test_any_weight_lands_within_half_a_step_of_its_block():
     assert bool((error <= d.float()[..., None] * 0.5 + 1e-3).all())
 
 
-@compiled
-@pytest.mark.parametrize("n,k", [(32, 64), (96, 576), (3072, 576), (576, 1536)])
-def test_the_kernel_agrees_with_torch_and_gives_a_row_its_bits_alone(n, k):
-    w = Q4Weight.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(n)))
-    x = torch.randn(13, k, generator=torch.Generator().manual_seed(k)).bfloat16()
+def agrees_with_torch_and_gives_a_row_its_bits_alone(w, rows: int, k: int, close: float) -> None:
+    """The kernel's product of `rows` random rows: near the torch reference (the same integer sums, the blocks'
+    fp32 sum rounded another way, then bf16) and within `close` of the float product (int8 activations), and
+    each row the same bits alone, in a prefix of the rows or on one thread."""
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(k)).bfloat16()
     y = w(x)
     reference = w.reference(x)
-    # the same integer sums; the blocks' fp32 sum rounded another way, then bf16
     torch.testing.assert_close(y.float(), reference, rtol=1e-2, atol=1e-2 * float(reference.abs().max()))
-    exact = x.float() @ w.dequantized(torch.float32).t()   # int8 activations: within a few percent
-    assert float((y.float() - exact).norm() / exact.norm()) < 0.03
-    for rows in (1, 2, 3, 4, 5, 9):
-        assert torch.equal(w(x[:rows]), y[:rows]), rows
-    assert torch.equal(torch.cat([w(x[i:i + 1]) for i in range(13)]), y)
+    exact = x.float() @ w.dequantized(torch.float32).t()
+    assert float((y.float() - exact).norm() / exact.norm()) < close
+    for prefix in (1, 2, 3, 4, 5, 9):
+        assert torch.equal(w(x[:prefix]), y[:prefix]), prefix
+    assert torch.equal(torch.cat([w(x[i:i + 1]) for i in range(rows)]), y)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         assert torch.equal(w(x), y)
     finally:
         torch.set_num_threads(threads)
+
+
+@compiled
+@pytest.mark.parametrize("n,k", [(32, 64), (96, 576), (3072, 576), (576, 1536)])
+def test_the_kernel_agrees_with_torch_and_gives_a_row_its_bits_alone(n, k):
+    w = Q4Weight.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(n)))
+    agrees_with_torch_and_gives_a_row_its_bits_alone(w, 13, k, close=0.03)
 
 
 def test_q8_0_blocks_round_trip_and_come_back_exactly():
@@ -80,15 +86,7 @@ def test_q8_0_blocks_round_trip_and_come_back_exactly():
 @pytest.mark.parametrize("n,k", [(32, 64), (4096, 576)])
 def test_the_q8_0_kernel_agrees_with_torch_and_gives_a_row_its_bits_alone(n, k):
     w = Q8Weight.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(n)))
-    x = torch.randn(11, k, generator=torch.Generator().manual_seed(k)).bfloat16()
-    y = w(x)
-    reference = w.reference(x)
-    torch.testing.assert_close(y.float(), reference, rtol=1e-2, atol=1e-2 * float(reference.abs().max()))
-    exact = x.float() @ w.dequantized(torch.float32).t()
-    assert float((y.float() - exact).norm() / exact.norm()) < 0.02
-    assert torch.equal(torch.cat([w(x[i:i + 1]) for i in range(11)]), y)
-    for rows in (2, 3, 4, 5, 9):
-        assert torch.equal(w(x[:rows]), y[:rows]), rows
+    agrees_with_torch_and_gives_a_row_its_bits_alone(w, 11, k, close=0.02)
 
 
 @compiled
@@ -198,13 +196,7 @@ def test_every_method_equals_plain_decoding_of_the_q4_target(demo_q4, method):
 
 
 def test_q4_with_bitsandbytes_is_a_usage_error():
-    from click.testing import CliRunner
-
-    from treegen.cli import cli
-
-    result = CliRunner().invoke(cli, ["complete", "-", "--dtype", "q4", "--load-in-4bit"], input="x")
-    assert result.exit_code == 2
-    assert "--dtype q4 quantizes the weights itself" in result.output
+    refused_beside_bitsandbytes("q4", "--load-in-4bit")
 
 
 def test_the_smollm2_gguf_loads_as_its_own_blocks():

@@ -50,6 +50,14 @@ void row_q4_quantize(const uint16_t *x, int64_t rows, int64_t x_stride, int64_t 
         }
 }
 
+/* A tile's fp32 sums -> its rows of y as bf16 (the padding rows dropped). */
+static inline __attribute__((always_inline)) void store_tile(__m512 acc[Q4_ROWS][2], int64_t rows, const int rows_const,
+                                                             uint16_t *y, int64_t y_stride) {
+    for (int r = 0; r < rows_const && r < rows; ++r)
+        for (int c = 0; c < 2; ++c)
+            _mm256_storeu_si256((__m256i *)(y + r * y_stride + c * 16), (__m256i)_mm512_cvtneps_pbh(acc[r][c]));
+}
+
 /* One tile: `rows` (1 to Q4_ROWS) quantized rows against group g's 32 outputs, every block. */
 static inline __attribute__((always_inline)) void q4_tile(const int8_t *a, const float *e, const float *t, int64_t k,
                                                           int64_t rows, const uint8_t *w, uint16_t *y,
@@ -102,9 +110,7 @@ static inline __attribute__((always_inline)) void q4_tile(const int8_t *a, const
             }
         }
     }
-    for (int r = 0; r < rows_const && r < rows; ++r)
-        for (int c = 0; c < 2; ++c)
-            _mm256_storeu_si256((__m256i *)(y + r * y_stride + c * 16), (__m256i)_mm512_cvtneps_pbh(acc[r][c]));
+    store_tile(acc, rows, rows_const, y, y_stride);
 }
 
 /* Quantized rows (row_q4_quantize) times w laid out as above -> y [rows, n] bf16 (row stride y_stride);
@@ -201,9 +207,7 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *a, cons
                                             _mm512_mul_ps(d[c], er_b), acc[r][c]);
         }
     }
-    for (int r = 0; r < rows_const && r < rows; ++r)
-        for (int c = 0; c < 2; ++c)
-            _mm256_storeu_si256((__m256i *)(y + r * y_stride + c * 16), (__m256i)_mm512_cvtneps_pbh(acc[r][c]));
+    store_tile(acc, rows, rows_const, y, y_stride);
 }
 
 /* x [rows, k] bf16 (row stride x_stride) times Q8_0 blocks laid out as above -> y [rows, n] bf16;

@@ -131,7 +131,6 @@ class TargetStep:
         self.projection.prepare(logits)
         return logits, feats
 
-
     def lean_rows(self, ids, positions, cache, hidden) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """prefill.ChunkForward through the lean decoder: the chunk's rows as a chain under its first token."""
         tokens = ids[0]
