@@ -197,3 +197,15 @@ def test_the_global_batch_splits_evenly_or_not_at_all():
     assert torch.equal(torch.cat([h["ids"] for h in halves]), batch["ids"]) and halves[1]["allowed"] is None
     with pytest.raises(ValueError, match="divide"):
         Runtime(cpu, torch.float32, 0, 2).check_batch(3)
+
+
+def test_a_worker_ends_with_its_code_and_its_output_flushed():
+    """A torchrun worker ends by os._exit (no interpreter teardown for gloo's threads to abort in): with its
+    exit code and every line it printed, as a plain process ends by sys.exit."""
+    script = ("import sys; from treegen.exit import as_worker, end\n"
+              "if sys.argv[1] == 'worker': as_worker()\n"
+              "print('out', end=''); print('err', end='', file=sys.stderr); end(3)")
+    for mode in ("worker", "plain"):
+        done = subprocess.run([sys.executable, "-c", script, mode], check=False, capture_output=True, text=True,
+                              timeout=60)
+        assert (done.returncode, done.stdout, done.stderr) == (3, "out", "err"), mode

@@ -19,6 +19,7 @@ from . import presets as presets_mod
 from .bench.cli import bench
 from .cli_errors import Interrupted, check_output_path, clip, guarded
 from .cli_options import common_options, notice, setup
+from .exit import end
 from .train.cli import train
 from .validate import shown_path
 
@@ -54,7 +55,7 @@ class TreegenGroup(click.Group):
             code = 0
         code = code if isinstance(code, int) else 0
         if standalone_mode:
-            sys.exit(code)
+            end(code)
         return code
 
 

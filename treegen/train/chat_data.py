@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..exit import end
 from .common import leave, runtime_from, runtime_options
 
 MAX_NEW = 256
@@ -340,4 +341,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end(main())

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..exit import end
 from .common import encode_corpus, leave, runtime_from, runtime_options
 from .corpus import read_texts, stdlib_files
 
@@ -146,4 +147,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    end(main())

@@ -18,6 +18,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..exit import as_worker
+
 DEVICES = ("auto", "cpu", "cuda")              # the names --device takes (and cuda:N)
 AUTO, CPU, CUDA = DEVICES
 PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16}
@@ -195,6 +197,7 @@ def runtime(device: str = "auto", precision: str = "auto") -> Runtime:
             torch.cuda.set_device(dev)
         dist.init_process_group("nccl" if dev.type == CUDA else "gloo", timeout=WAIT)
         atexit.register(torn_down)
+        as_worker()   # the process ends without the interpreter's teardown (treegen/exit.py)
     return Runtime(dev, dtype, rank, world, device, precision)
 
 

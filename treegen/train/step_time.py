@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..exit import end
 from .common import PRECISIONS, runtime
 
 WINDOWS, SEQ_LEN = 8, 256
@@ -109,4 +110,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end(main())

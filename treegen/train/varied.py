@@ -20,6 +20,7 @@ import site
 import sys
 from pathlib import Path
 
+from ..exit import end
 from .common import leave, runtime_from, runtime_options
 
 KINDS = ("code", "prose", "chat")
@@ -182,4 +183,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end(main())
