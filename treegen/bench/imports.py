@@ -15,7 +15,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1]
 
 # ground floor first
-ROOMS = ("engine", "gguf", "validate", "cli_errors", "loading", "assets", "models", "drafters", "presets", "policy",
+ROOMS = ("exit", "engine", "gguf", "validate", "cli_errors", "loading", "assets", "models", "drafters", "presets", "policy",
          "config", "api", "treegen", "ui", "chat", "cli_options", "bench", "train", "cli", "cli_docs", "__main__")
 
 
