@@ -77,3 +77,27 @@ def test_where_it_applies():
     model = tiny_qwen3()
     model.train()
     assert not supported(model)
+
+
+def test_one_decoder_a_model_until_its_weights_change():
+    """Every generation's TargetStep reads one built decoder (building lays out every product again); a cast
+    or an in-place change to a weight builds a new one, which computes with the new weights."""
+    from treegen.engine.fast_decoder import decoder_for
+
+    model = tiny_qwen3()
+    first = decoder_for(model)
+    assert decoder_for(model) is first and TargetStep(model).fast is first
+    assert decoder_for(model, invariant=False) is not first
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(2)
+    changed = decoder_for(model)
+    assert changed is not first and decoder_for(model) is changed
+    tree = TREES[1]
+    _, (last, _), _ = both(model, tree, invariant=True)
+    cache = new_cache(model)
+    with torch.inference_mode():
+        model(input_ids=torch.arange(3, 40)[None] % model.config.vocab_size, cache=cache, use_cache=True)
+        again, _ = changed(*verification_inputs(7, tree, 37, model.dtype), cache)
+    assert torch.equal(again, last)
+    model.to(torch.bfloat16)
+    assert decoder_for(model) is not changed

@@ -13,6 +13,8 @@ compiled stack serves, the prompt's (engine/target.py gives each chunk of it as 
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +27,7 @@ from .q4 import Q4Weight
 from .rope import RopeTable
 
 ARCHITECTURES = ("qwen3", "llama")
+_built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> (weights' version, invariant, decoder)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -113,6 +116,22 @@ class Projections:
         if len(self.parts) == 1:
             return self.parts[0](x).split(self.sizes, dim=-1)
         return tuple(part(x) for part in self.parts)
+
+
+def decoder_for(model, invariant: bool = True) -> FastDecoder:
+    """The model's FastDecoder, built once and kept as long as the model while its weights stay the same
+    tensors at the same version (a cast or an in-place change builds it again): building one stacks and lays
+    out every layer's products (for 4-bit blocks, copies of the q, k, v and gate, up blocks side by side)."""
+    version = weights_version(model)
+    kept = _built.get(model)
+    if kept is None or kept[:2] != (version, invariant):
+        kept = _built[model] = (version, invariant, FastDecoder(model, invariant))
+    return kept[2]
+
+
+def weights_version(model) -> tuple:
+    """What a built decoder reads of the model: every parameter and buffer, by storage, version and dtype."""
+    return tuple((t.data_ptr(), t._version, t.dtype) for t in (*model.parameters(), *model.buffers()))
 
 
 class FastDecoder:

@@ -172,7 +172,7 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *a, cons
     }
     for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t *wb = w + b * Q8_BYTES;
-        for (int line = 0; line < Q8_BYTES; line += 64) _mm_prefetch((const char *)(wb + 4 * Q8_BYTES + line), _MM_HINT_T0);
+        for (int line = 0; line < Q8_BYTES; line += 64) _mm_prefetch((const char *)(wb + 8 * Q8_BYTES + line), _MM_HINT_T1);
         /* two partial sums a lane (even and odd vectors): integers, so exact in any order, and a short
            chain where few rows leave the dot products waiting on each other */
         __m512i sum[Q4_ROWS][2], odd[Q4_ROWS][2];

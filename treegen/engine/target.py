@@ -93,7 +93,7 @@ class TargetStep:
             head = model.get_output_embeddings()
             self.head = matmul_for(model, head.weight) if plain_linear(head) else head   # engine/matmul.py (int8: its own)
             self.projection = Projection(self.head, key=id(head))
-        self.fast = fast_decoder.FastDecoder(model) if self.lazy and fast_decoder.supported(model) else None
+        self.fast = fast_decoder.decoder_for(model) if self.lazy and fast_decoder.supported(model) else None
 
     def __call__(self, ids, positions, mask, cache) -> tuple[Logits, torch.Tensor | None]:
         if mask is None:   # the prompt (causal): in chunks, its last row's logits only (engine/prefill.py)
