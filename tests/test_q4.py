@@ -90,6 +90,21 @@ def test_the_q8_0_kernel_agrees_with_torch_and_gives_a_row_its_bits_alone(n, k):
 
 
 @compiled
+def test_a_large_head_is_streamed_with_the_bits_of_the_near_prefetch(monkeypatch):
+    """A Q8_0 head over a quarter of the last-level cache takes the kernel that prefetches far ahead (it
+    comes from memory each step); prefetching changes no bit."""
+    w = Q8Weight.quantize(torch.randn(4096, 576))
+    x = torch.randn(5, 576).to(torch.bfloat16)
+    near = kernels.q4_matmul_bound(w.packed, q8=True)(x)
+    monkeypatch.setattr(kernels, "last_level_cache", lambda: w.packed.numel())
+    assert torch.equal(kernels.q4_matmul_bound(w.packed, q8=True)(x), near)
+    lib = kernels.q4_library()
+    out = torch.empty(5, 4096, dtype=torch.bfloat16)
+    lib.row_matmul_q8_streamed(x.data_ptr(), 5, 576, w.packed.data_ptr(), 4096, 576, out.data_ptr(), 4096, 2)
+    assert torch.equal(out, near)
+
+
+@compiled
 def test_stacked_weights_give_each_output_its_own_bits():
     a, b = (Q4Weight.quantize(torch.randn(n, 64)) for n in (64, 32))
     x = torch.randn(5, 64).bfloat16()

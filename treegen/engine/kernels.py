@@ -101,7 +101,7 @@ def q4_library() -> ctypes.CDLL | None:
     lib = build(Q4_SOURCE)
     if lib is None or not lib.row_q4_available():
         return None
-    for name in ("row_matmul_q4", "row_matmul_q8"):
+    for name in ("row_matmul_q4", "row_matmul_q8", "row_matmul_q8_streamed"):
         getattr(lib, name).argtypes, getattr(lib, name).restype = MATMUL_ARGS, None
     return lib
 
@@ -273,8 +273,24 @@ def q4_matmul_bound(packed: torch.Tensor, q8: bool = False):
     """x [..., K] bf16 -> x @ W.T [..., N] bf16 for W packed by engine/q4.py as Q4_1 (or, q8, Q8_0) blocks
     (row_q4.c), bound once as row_matmul_bound."""
     groups, blocks, _ = packed.shape
-    kernel = getattr(q4_library(), "row_matmul_q8" if q8 else "row_matmul_q4")
-    return bf16_product(kernel, packed, groups * 32, blocks * 32)
+    name = "row_matmul_q4"
+    if q8:   # a head over a quarter of the last-level cache is evicted between steps: prefetched farther ahead
+        name = "row_matmul_q8_streamed" if 4 * packed.numel() > last_level_cache() else "row_matmul_q8"
+    return bf16_product(getattr(q4_library(), name), packed, groups * 32, blocks * 32)
+
+
+@functools.cache
+def last_level_cache() -> int:
+    """Bytes of this CPU's largest cache (sysfs; 32 MiB where it does not say)."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        units = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}
+        try:
+            sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+        except (ValueError, IndexError):
+            continue
+    return max(sizes, default=32 * 2 ** 20)
 
 
 def ops_usable(x: torch.Tensor, dim: int) -> bool:

@@ -160,7 +160,7 @@ void row_matmul_q4(const uint16_t *x, int64_t rows, int64_t x_stride, const uint
 /* One tile of the Q8_0 product: offset rows (a + 128) against group g's 32 outputs, every block. */
 static inline __attribute__((always_inline)) void q8_tile(const uint8_t *a, const float *e, int64_t k, int64_t rows,
                                                           const uint8_t *w, uint16_t *y, int64_t y_stride,
-                                                          const int rows_const) {
+                                                          const int rows_const, const int streamed) {
     const int64_t blocks = k / Q4_BLOCK;
     __m512 acc[Q4_ROWS][2];
     const uint8_t *ar[Q4_ROWS];
@@ -172,7 +172,10 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *a, cons
     }
     for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t *wb = w + b * Q8_BYTES;
-        for (int line = 0; line < Q8_BYTES; line += 64) _mm_prefetch((const char *)(wb + 8 * Q8_BYTES + line), _MM_HINT_T1);
+        /* a weight read from memory every call (kernels.py: a large head): far ahead, into L2; one the caches
+           hold: near, into L1 (far prefetches then only cost) */
+        if (streamed) for (int line = 0; line < Q8_BYTES; line += 64) _mm_prefetch((const char *)(wb + 8 * Q8_BYTES + line), _MM_HINT_T1);
+        else for (int line = 0; line < Q8_BYTES; line += 64) _mm_prefetch((const char *)(wb + 4 * Q8_BYTES + line), _MM_HINT_T0);
         /* two partial sums a lane (even and odd vectors): integers, so exact in any order, and a short
            chain where few rows leave the dot products waiting on each other */
         __m512i sum[Q4_ROWS][2], odd[Q4_ROWS][2];
@@ -211,9 +214,10 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *a, cons
 }
 
 /* x [rows, k] bf16 (row stride x_stride) times Q8_0 blocks laid out as above -> y [rows, n] bf16;
-   n % 32 == 0, k % 32 == 0. */
-void row_matmul_q8(const uint16_t *x, int64_t rows, int64_t x_stride, const uint8_t *w, int64_t n, int64_t k,
-                   uint16_t *y, int64_t y_stride, int threads) {
+   n % 32 == 0, k % 32 == 0. streamed: the prefetch for a weight the caches cannot hold (q8_tile). */
+static inline __attribute__((always_inline)) void q8_product(const uint16_t *x, int64_t rows, int64_t x_stride, const uint8_t *w, int64_t n, int64_t k,
+                                                             uint16_t *y, int64_t y_stride, int threads,
+                                                             const int streamed) {
     const int64_t groups = n / Q4_GROUP, blocks = k / Q4_BLOCK;
     Quantized q = quantized_rows(x, rows, x_stride, k);
     const float *e = q.e;
@@ -228,14 +232,24 @@ void row_matmul_q8(const uint16_t *x, int64_t rows, int64_t x_stride, const uint
             const float *et = e + r * blocks;
             uint16_t *yt = y + r * y_stride + g * Q4_GROUP;
             switch (left) {
-                case 1: q8_tile(at, et, k, left, wg, yt, y_stride, 1); break;
-                case 2: q8_tile(at, et, k, left, wg, yt, y_stride, 2); break;
-                case 3: q8_tile(at, et, k, left, wg, yt, y_stride, 3); break;
-                default: q8_tile(at, et, k, left, wg, yt, y_stride, Q4_ROWS);
+                case 1: q8_tile(at, et, k, left, wg, yt, y_stride, 1, streamed); break;
+                case 2: q8_tile(at, et, k, left, wg, yt, y_stride, 2, streamed); break;
+                case 3: q8_tile(at, et, k, left, wg, yt, y_stride, 3, streamed); break;
+                default: q8_tile(at, et, k, left, wg, yt, y_stride, Q4_ROWS, streamed);
             }
         }
     }
     free(q.e);
+}
+
+void row_matmul_q8(const uint16_t *x, int64_t rows, int64_t x_stride, const uint8_t *w, int64_t n, int64_t k,
+                   uint16_t *y, int64_t y_stride, int threads) {
+    q8_product(x, rows, x_stride, w, n, k, y, y_stride, threads, 0);
+}
+
+void row_matmul_q8_streamed(const uint16_t *x, int64_t rows, int64_t x_stride, const uint8_t *w, int64_t n,
+                            int64_t k, uint16_t *y, int64_t y_stride, int threads) {
+    q8_product(x, rows, x_stride, w, n, k, y, y_stride, threads, 1);
 }
 
 #else
@@ -244,6 +258,11 @@ int row_q4_available(void) { return 0; }
 
 void row_matmul_q8(const uint16_t *x, int64_t rows, int64_t x_stride, const uint8_t *w, int64_t n, int64_t k,
                    uint16_t *y, int64_t y_stride, int threads) {
+    (void)x; (void)rows; (void)x_stride; (void)w; (void)n; (void)k; (void)y; (void)y_stride; (void)threads;
+}
+
+void row_matmul_q8_streamed(const uint16_t *x, int64_t rows, int64_t x_stride, const uint8_t *w, int64_t n,
+                            int64_t k, uint16_t *y, int64_t y_stride, int threads) {
     (void)x; (void)rows; (void)x_stride; (void)w; (void)n; (void)k; (void)y; (void)y_stride; (void)threads;
 }
 
