@@ -122,16 +122,17 @@ def decoder_for(model, invariant: bool = True) -> FastDecoder:
     """The model's FastDecoder, built once and kept as long as the model while its weights stay the same
     tensors at the same version (a cast or an in-place change builds it again): building one stacks and lays
     out every layer's products (for 4-bit blocks, copies of the q, k, v and gate, up blocks side by side)."""
-    version = weights_version(model)
+    version = weights_version((*model.parameters(), *model.buffers()))
     kept = _built.get(model)
     if kept is None or kept[:2] != (version, invariant):
         kept = _built[model] = (version, invariant, FastDecoder(model, invariant))
     return kept[2]
 
 
-def weights_version(model) -> tuple:
-    """What a built decoder reads of the model: every parameter and buffer, by storage, version and dtype."""
-    return tuple((t.data_ptr(), t._version, t.dtype) for t in (*model.parameters(), *model.buffers()))
+def weights_version(tensors) -> tuple:
+    """What a layout built from these tensors depends on: each one's storage, version and dtype (a cast, a
+    move or an in-place change gives another)."""
+    return tuple((t.data_ptr(), t._version, t.dtype) for t in tensors)
 
 
 class FastDecoder:

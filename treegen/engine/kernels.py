@@ -282,10 +282,9 @@ def q4_matmul_bound(packed: torch.Tensor, q8: bool = False):
 @functools.cache
 def last_level_cache() -> int:
     """Bytes of this CPU's largest cache (sysfs; 32 MiB where it does not say)."""
-    sizes = []
+    sizes, units = [], {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}
     for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
         text = entry.read_text().strip().upper()
-        units = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}
         try:
             sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
         except (ValueError, IndexError):

@@ -174,8 +174,10 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *a, cons
         const uint8_t *wb = w + b * Q8_BYTES;
         /* a weight read from memory every call (kernels.py: a large head): far ahead, into L2; one the caches
            hold: near, into L1 (far prefetches then only cost) */
-        if (streamed) for (int line = 0; line < Q8_BYTES; line += 64) _mm_prefetch((const char *)(wb + 8 * Q8_BYTES + line), _MM_HINT_T1);
-        else for (int line = 0; line < Q8_BYTES; line += 64) _mm_prefetch((const char *)(wb + 4 * Q8_BYTES + line), _MM_HINT_T0);
+        for (int line = 0; line < Q8_BYTES; line += 64) {
+            if (streamed) _mm_prefetch((const char *)(wb + 8 * Q8_BYTES + line), _MM_HINT_T1);
+            else _mm_prefetch((const char *)(wb + 4 * Q8_BYTES + line), _MM_HINT_T0);
+        }
         /* two partial sums a lane (even and odd vectors): integers, so exact in any order, and a short
            chain where few rows leave the dot products waiting on each other */
         __m512i sum[Q4_ROWS][2], odd[Q4_ROWS][2];
@@ -215,9 +217,9 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *a, cons
 
 /* x [rows, k] bf16 (row stride x_stride) times Q8_0 blocks laid out as above -> y [rows, n] bf16;
    n % 32 == 0, k % 32 == 0. streamed: the prefetch for a weight the caches cannot hold (q8_tile). */
-static inline __attribute__((always_inline)) void q8_product(const uint16_t *x, int64_t rows, int64_t x_stride, const uint8_t *w, int64_t n, int64_t k,
-                                                             uint16_t *y, int64_t y_stride, int threads,
-                                                             const int streamed) {
+static inline __attribute__((always_inline)) void q8_product(const uint16_t *x, int64_t rows, int64_t x_stride,
+                                                             const uint8_t *w, int64_t n, int64_t k, uint16_t *y,
+                                                             int64_t y_stride, int threads, const int streamed) {
     const int64_t groups = n / Q4_GROUP, blocks = k / Q4_BLOCK;
     Quantized q = quantized_rows(x, rows, x_stride, k);
     const float *e = q.e;

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..engine import fused, kernels, matmul
 from ..engine.cache import room
-from ..engine.fast_decoder import Projections
+from ..engine.fast_decoder import Projections, weights_version
 from ..engine.matmul import product
 from ..engine.q4 import Q4Weight
 from ..engine.rope import RopeTable, per_forward
@@ -344,7 +344,7 @@ class DFlashDrafter(nn.Module):
         if self._params is None:   # walking the modules each pass costs more than the check itself
             self._params = list(self.parameters())
         params = self._params
-        version = tuple((p.data_ptr(), p._version, p.dtype) for p in params) + (form,)
+        version = weights_version(params) + (form,)
         if self._stack_version != version:
             if any(p.dtype != torch.bfloat16 for p in params):
                 return None
