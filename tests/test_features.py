@@ -2,6 +2,8 @@
 a feature store is filled once, resumed, and read back by column."""
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from conftest import tiny_llama
@@ -70,6 +72,23 @@ def test_training_prompts_are_distinct_and_never_a_benchmark_prompt():
     assert not bench & set(prompts)
     other = build_prompts(60, seed=1)   # `chat_data --seed 1`: another set, for more data
     assert len(set(other)) == 60 and len(set(other) & set(prompts)) < 10 and not bench & set(other)
+    narrow = build_prompts(600, seed=1, mix="templates")   # the earlier sets' families
+    assert len(set(narrow)) == 600 and not bench & set(narrow) and narrow == build_prompts(600, 1, "templates")
+
+
+def test_the_broad_mix_holds_every_family_in_its_share():
+    from treegen.train.chat_prompts import advice_prompts, reasoning_prompts, word_problems, writing_prompts
+
+    prompts = set(build_prompts(2000, seed=3))
+    assert len(prompts) == 2000
+    for family in (writing_prompts, advice_prompts, reasoning_prompts, word_problems):
+        own = family(random.Random(3), 50)
+        assert len(set(own)) > 25 and all("{" not in p for p in own)   # varied, every field filled
+    code = sum(p.startswith(("Write a Python function", "Implement `", "How would I write", "Explain what this",
+                             "Review this function", "Write a docstring")) for p in prompts)
+    assert 0.1 < code / len(prompts) < 0.3   # 15% of the mix, more where other families repeat
+    with pytest.raises(ValueError, match="unknown prompt mix"):
+        build_prompts(10, mix="narrow")
 
 
 def test_anchors_go_to_reply_positions_first(tmp_path):

@@ -2,18 +2,16 @@
 
     python -m treegen.train.chat_data --target smollm2 --out /work/train/smollm2 [--rows 2400]
 
-Prompts (none of them from a benchmark set): coding tasks templated from the docstrings of the stdlib's
-training split ("write a function that ..." / "explain this function"), general instructions from templates
-and word lists (explain, list, compare, write), questions on the Python reference's topics, and arithmetic
-word problems with random numbers. Each is rendered with the target's chat template and answered by the
-target itself (half greedy, half at T=0.7, at most 256 new tokens, stopping at its end-of-turn token), in
-length-sorted batches; every batch is saved as it finishes, so a rerun resumes after the last saved one. The
-result is one int32 token stream (prompt + reply + EOS per conversation) for `treegen train ... --data`.
+Prompts (none of them from a benchmark set; chat_prompts.py): `--mix broad` (the default) takes emails,
+notes and descriptions, everyday advice, puzzles, word problems, general explanations and coding tasks from
+the stdlib's training split; `--mix templates` the narrower families of the earlier sets. Each is rendered
+with the target's chat template and answered by the target itself (half greedy, half at T=0.7, at most 256
+new tokens, stopping at its end-of-turn token), in length-sorted batches; every batch is saved as it
+finishes, so a rerun resumes after the last saved one. The result is one int32 token stream (prompt + reply + EOS per conversation) for `treegen train ... --data`.
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import random
 import sys
 import time
@@ -23,142 +21,12 @@ import numpy as np
 import torch
 
 from ..exit import end
+from .chat_prompts import MIXES, build_prompts
 from .common import leave, runtime_from, runtime_options
 
 MAX_NEW = 256
 TEMPERATURES = (0.0, 0.7)
 SEPARATOR = "\n\x1e\n"   # between prompts in prompts.txt (a prompt may hold blank lines)
-
-TOPICS = ("photosynthesis", "the water cycle", "compound interest", "how vaccines work", "black holes",
-          "the French Revolution", "machine learning", "recursion", "public key cryptography", "inflation",
-          "plate tectonics", "the immune system", "how a bill becomes law", "supply and demand", "climate change",
-          "the theory of evolution", "how the internet works", "gravity", "the stock market", "renewable energy",
-          "the Roman Empire", "DNA", "sleep", "how airplanes fly", "blockchain", "the moon's phases",
-          "version control with git", "databases", "the scientific method", "probability", "volcanoes",
-          "electric cars", "the human heart", "time zones", "how a compiler works", "operating systems",
-          "the printing press", "bees and pollination", "rainbows", "hash tables", "sorting algorithms",
-          "unit testing", "HTTP", "the Pythagorean theorem", "prime numbers", "nutrition", "meditation")
-THINGS = ("the ocean", "a rainy morning", "an old library", "a lost cat", "the first day of school", "autumn",
-          "a mountain village", "a robot learning to paint", "a lighthouse keeper", "a city at night", "friendship",
-          "a garden in spring", "a long train journey", "a snowstorm", "a market in summer", "a forgotten key",
-          "a small bakery", "the desert at dawn", "a chess tournament", "a river", "a kite", "an empty stadium")
-ACTIVITIES = ("learning a new language", "staying focused while studying", "running a first marathon",
-              "saving money", "cooking for a family on a budget", "starting a vegetable garden", "job interviews",
-              "public speaking", "writing clean code", "keeping a houseplant alive", "sleeping better",
-              "travelling on a budget", "learning to draw", "working from home", "reading more books",
-              "organising a small event", "moving to a new city", "learning Python", "debugging a program")
-PAIRS = (("a list", "a tuple in Python"), ("weather", "climate"), ("a virus", "a bacterium"),
-         ("TCP", "UDP"), ("renting", "buying a home"), ("RAM", "storage"), ("a simile", "a metaphor"),
-         ("speed", "velocity"), ("a crocodile", "an alligator"), ("stocks", "bonds"), ("mitosis", "meiosis"),
-         ("a compiler", "an interpreter"), ("SQL", "NoSQL databases"), ("tea", "coffee"), ("cats", "dogs as pets"),
-         ("a process", "a thread"), ("the mean", "the median"), ("electric", "petrol cars"))
-GENERAL = ("Explain {topic} in simple terms.", "Explain {topic} to a ten-year-old.",
-           "What are the most important facts about {topic}?", "Give me a short summary of {topic}.",
-           "Why does {topic} matter?", "Write a short paragraph about {topic} for a school newsletter.",
-           "List five key ideas about {topic}.", "What is a common misconception about {topic}?",
-           "Write a haiku about {thing}.", "Write a short poem about {thing}.",
-           "Write a short story about {thing}.", "Describe {thing} in three sentences.",
-           "Give me three tips for {activity}.", "How should a beginner approach {activity}?",
-           "What are common mistakes in {activity}?", "Make a one-week plan for {activity}.",
-           "What is the difference between {a} and {b}?", "Compare {a} and {b} in a short table.",
-           "What are the pros and cons of {a} versus {b}?")
-CODE = ("Write a Python function `{name}` that does the following: {doc}",
-        "Implement `{name}` in Python. Its documentation says: {doc}",
-        "How would I write a function in Python that does this? {doc}")
-EXPLAIN = ("Explain what this Python code does:\n\n```python\n{src}\n```",
-           "Review this function and suggest one improvement:\n\n```python\n{src}\n```",
-           "Write a docstring for this function:\n\n```python\n{src}\n```")
-REFERENCE = ("What does the Python documentation say about {topic}?", "Explain {topic} in Python with an example.")
-NAMES = ("Sam", "Priya", "Lena", "Omar", "Jun", "Carlos", "Aisha", "Tom", "Mei", "Noah")
-ITEMS = (("apples", 0.5), ("notebooks", 2.25), ("tickets", 12.0), ("pens", 1.2), ("books", 8.5), ("plants", 4.0))
-
-
-def general_prompts(rng: random.Random, n: int) -> list[str]:
-    out = []
-    for _ in range(n):
-        template = rng.choice(GENERAL)
-        a, b = rng.choice(PAIRS)
-        out.append(template.format(topic=rng.choice(TOPICS), thing=rng.choice(THINGS),
-                                   activity=rng.choice(ACTIVITIES), a=a, b=b))
-    return out
-
-
-def math_prompts(rng: random.Random, n: int) -> list[str]:
-    out = []
-    for _ in range(n):
-        who, (item, price), k = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(3, 40)
-        budget = round(price * k + rng.randint(1, 30), 2)
-        out.append(rng.choice((
-            (f"{who} buys {k} {item} at ${price:.2f} each and pays with ${budget:.2f}. How much change does "
-             f"{who} get? Show your working."),
-            f"If {k} {item} cost ${price * k:.2f}, how much do {k + rng.randint(2, 9)} {item} cost?",
-            (f"{who} reads {k} pages a day. How many days does a "
-             f"{k * rng.randint(5, 30) + rng.randint(0, k - 1)}-page book take? Explain."),
-            f"What is {rng.randint(12, 99)} times {rng.randint(12, 99)}? Explain the steps.")))
-    return out
-
-
-def stdlib_functions(limit: int) -> list[tuple[str, str, str]]:
-    """(name, first docstring paragraph, source) of short documented functions of the stdlib's training
-    split, files read in a stable pseudo-random order until `limit` are found."""
-    import hashlib
-
-    from .corpus import stdlib_files
-
-    files = sorted(stdlib_files("train"), key=lambda p: hashlib.sha1(p.name.encode()).hexdigest())
-    found: list[tuple[str, str, str]] = []
-    for path in files:
-        try:
-            text = path.read_text(encoding="utf-8")
-            tree = ast.parse(text)
-        except (SyntaxError, ValueError, OSError):
-            continue
-        lines = text.splitlines()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") \
-                    and node.end_lineno - node.lineno < 25:
-                doc = ast.get_docstring(node)
-                src = "\n".join(lines[node.lineno - 1:node.end_lineno])   # get_source_segment re-splits the file
-                if doc and 60 < len(doc) and len(src) < 900:
-                    found.append((node.name, doc.split("\n\n")[0].replace("\n", " "), src))
-        if len(found) >= limit:
-            break
-    return found[:limit]
-
-
-def code_prompts(rng: random.Random, n: int) -> list[str]:
-    out = []
-    for name, doc, src in stdlib_functions(n):
-        out.append(rng.choice(EXPLAIN).format(src=src) if rng.random() < 0.4 else
-                   rng.choice(CODE).format(name=name, doc=doc))
-    return out
-
-
-def reference_prompts(rng: random.Random, n: int) -> list[str]:
-    from pydoc_data.topics import topics
-
-    names = sorted(topics)
-    return [rng.choice(REFERENCE).format(topic=f"`{rng.choice(names)}`") for _ in range(n)]
-
-
-def build_prompts(total: int, seed: int = 0) -> list[str]:
-    """`total` distinct prompts (fewer if the templates run out), drawn from the mix below."""
-    for scale in (1.0, 1.5, 2.0, 3.0):
-        prompts = prompt_mix(int(total * scale), seed)
-        if len(prompts) >= total:
-            break
-    return prompts[:total]
-
-
-def prompt_mix(total: int, seed: int) -> list[str]:
-    """40% general instructions, 35% code, 15% arithmetic, 10% Python reference; shuffled, repeats dropped."""
-    rng = random.Random(seed)
-    prompts = (general_prompts(rng, int(total * 0.4)) + code_prompts(rng, int(total * 0.35))
-               + math_prompts(rng, int(total * 0.15)) + reference_prompts(rng, int(total * 0.1)))
-    prompts = list(dict.fromkeys(prompts))   # templated prompts can repeat
-    rng.shuffle(prompts)
-    return prompts
-
 
 def feature_layers(config) -> tuple[int, ...]:
     """The target layers whose states are kept: z-lab's spread for 3- and for 5-layer drafters, and the last
@@ -284,11 +152,11 @@ def reply_start(ids: torch.Tensor, header: list[int]) -> int:
     return starts[-1] if starts else len(seq)
 
 
-def saved_prompts(saved: Path, rows: int, seed: int, rt) -> list[str]:
+def saved_prompts(saved: Path, rows: int, seed: int, rt, mix: str = "broad") -> list[str]:
     """The prompts of this run: those its saved parts answered (a rerun resumes), else new ones, written by the
     main rank before any rank reads them."""
     if rt.main and not saved.exists():
-        saved.write_text(SEPARATOR.join(build_prompts(rows, seed)), encoding="utf-8")
+        saved.write_text(SEPARATOR.join(build_prompts(rows, seed, mix)), encoding="utf-8")
     rt.barrier()
     return saved.read_text(encoding="utf-8").split(SEPARATOR)
 
@@ -301,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0,
                         help="which prompt set: another seed gives other conversations (more data for a drafter)")
+    parser.add_argument("--mix", choices=MIXES, default="broad",
+                        help="the prompts' families (chat_prompts.py): broad, or the narrower templates of earlier sets")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--collect-only", action="store_true",
                         help="write stream.pt and the feature store from the batches saved so far, generate nothing")
@@ -329,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         target, tok = load_target(shipped(args.target, "target"), dtype=rt.target_dtype, device=str(rt.device))
         hidden = target.config.hidden_size
-        prompts = saved_prompts(args.out / "prompts.txt", args.rows, args.seed, rt)
+        prompts = saved_prompts(args.out / "prompts.txt", args.rows, args.seed, rt, args.mix)
         log(f"{len(prompts)} prompts; generating replies in batches of {args.batch}")
         generate(target, tok, prompts, args.out, args.batch, log, rt)
         rt.barrier()   # every rank's parts are written before the main rank collects them
