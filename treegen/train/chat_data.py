@@ -7,7 +7,8 @@ notes and descriptions, everyday advice, puzzles, word problems, general explana
 the stdlib's training split; `--mix templates` the narrower families of the earlier sets. Each is rendered
 with the target's chat template and answered by the target itself (half greedy, half at T=0.7, at most 256
 new tokens, stopping at its end-of-turn token), in length-sorted batches; every batch is saved as it
-finishes, so a rerun resumes after the last saved one. The result is one int32 token stream (prompt + reply + EOS per conversation) for `treegen train ... --data`.
+finishes, so a rerun resumes after the last saved one. The result is one int32 token stream (prompt + reply +
+EOS per conversation) for `treegen train ... --data`.
 """
 from __future__ import annotations
 
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0,
                         help="which prompt set: another seed gives other conversations (more data for a drafter)")
     parser.add_argument("--mix", choices=MIXES, default="broad",
-                        help="the prompts' families (chat_prompts.py): broad, or the narrower templates of earlier sets")
+                        help="the prompts' families (chat_prompts.py): broad, or the earlier sets' narrower templates")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--collect-only", action="store_true",
                         help="write stream.pt and the feature store from the batches saved so far, generate nothing")
