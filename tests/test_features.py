@@ -76,7 +76,7 @@ def test_training_prompts_are_distinct_and_never_a_benchmark_prompt():
     assert len(set(narrow)) == 600 and not bench & set(narrow) and narrow == build_prompts(600, 1, "templates")
 
 
-def test_the_broad_mix_holds_every_family_in_its_share():
+def test_the_broad_mix_fills_every_family_and_keeps_code_near_its_share():
     from treegen.train.chat_prompts import advice_prompts, reasoning_prompts, word_problems, writing_prompts
 
     prompts = set(build_prompts(2000, seed=3))

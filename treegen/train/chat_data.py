@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..exit import end
-from .chat_prompts import MIXES, build_prompts
+from .chat_prompts import DEFAULT_MIX, MIXES, build_prompts
 from .common import leave, runtime_from, runtime_options
 
 MAX_NEW = 256
@@ -153,7 +153,7 @@ def reply_start(ids: torch.Tensor, header: list[int]) -> int:
     return starts[-1] if starts else len(seq)
 
 
-def saved_prompts(saved: Path, rows: int, seed: int, rt, mix: str = "broad") -> list[str]:
+def saved_prompts(saved: Path, rows: int, seed: int, rt, mix: str = DEFAULT_MIX) -> list[str]:
     """The prompts of this run: those its saved parts answered (a rerun resumes), else new ones, written by the
     main rank before any rank reads them."""
     if rt.main and not saved.exists():
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0,
                         help="which prompt set: another seed gives other conversations (more data for a drafter)")
-    parser.add_argument("--mix", choices=MIXES, default="broad",
+    parser.add_argument("--mix", choices=list(MIXES), default=DEFAULT_MIX,
                         help="the prompts' families (chat_prompts.py): broad, or the earlier sets' narrower templates")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--collect-only", action="store_true",

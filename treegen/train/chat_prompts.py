@@ -145,9 +145,9 @@ SUBJECTS = ("a reusable water bottle", "a neighbourhood cleanup day", "a new cof
             "a beginners' yoga class", "a repair cafe", "a local farmers' cooperative", "a summer reading club")
 PLACES = ("a fishing harbour at dawn", "a crowded food market", "a quiet forest after rain",
           "a kitchen before a holiday dinner", "a library during exam week", "a beach in winter",
-          "a small town on market day",
-          "a carpenter's workshop", "an airport late at night", "a hospital waiting room", "a mountain hut in a storm",
-          "a school playground at lunchtime", "a night bus", "a greenhouse in July")
+          "a small town on market day", "a carpenter's workshop", "an airport late at night",
+          "a hospital waiting room", "a mountain hut in a storm", "a school playground at lunchtime", "a night bus",
+          "a greenhouse in July")
 ANGLES = ("", " Focus on the sounds.", " Use vivid details.", " Write it for a travel guide.",
           " Keep it under 80 words.", " Describe the light and the smells.")
 OPENINGS = ("The letter had no return address.", "Nobody expected the old clock to start ticking again.",
@@ -264,10 +264,15 @@ def family(templates: tuple[str, ...], endings: tuple[str, ...] = ("",)):
 writing_prompts, advice_prompts = family(WRITING), family(ADVICE)
 reasoning_prompts, word_problems = family(PUZZLES, STEPS[:3]), family(PROBLEMS, STEPS)
 
-MIXES = ("broad", "templates")
+# each mix: its families in the order they draw from one random stream (a seed's prompts depend on it), and
+# their shares of the prompts
+MIXES = {"broad": ((general_prompts, 0.2), (advice_prompts, 0.1), (writing_prompts, 0.2), (reasoning_prompts, 0.15),
+                   (word_problems, 0.1), (math_prompts, 0.05), (code_prompts, 0.15), (reference_prompts, 0.05)),
+         "templates": ((general_prompts, 0.4), (code_prompts, 0.35), (math_prompts, 0.15), (reference_prompts, 0.1))}
+DEFAULT_MIX = "broad"
 
 
-def build_prompts(total: int, seed: int = 0, mix: str = "broad") -> list[str]:
+def build_prompts(total: int, seed: int = 0, mix: str = DEFAULT_MIX) -> list[str]:
     """`total` distinct prompts (fewer if the templates run out), drawn from `mix`."""
     for scale in (1.0, 1.5, 2.0, 3.0):
         prompts = prompt_mix(int(total * scale), seed, mix)
@@ -276,21 +281,12 @@ def build_prompts(total: int, seed: int = 0, mix: str = "broad") -> list[str]:
     return prompts[:total]
 
 
-def prompt_mix(total: int, seed: int, mix: str = "broad") -> list[str]:
-    """templates: 40% general instructions, 35% code, 15% arithmetic, 10% Python reference. broad: 20% general,
-    10% advice, 20% writing, 15% puzzles, 10% word problems and 5% arithmetic, 15% code, 5% reference.
-    Shuffled, repeats dropped."""
+def prompt_mix(total: int, seed: int, mix: str = DEFAULT_MIX) -> list[str]:
+    """About `total` prompts of the mix's families in their shares (MIXES), shuffled, repeats dropped."""
     if mix not in MIXES:
         raise ValueError(f"unknown prompt mix {mix!r}: one of {', '.join(MIXES)}")
     rng = random.Random(seed)
-    if mix == "templates":
-        prompts = (general_prompts(rng, int(total * 0.4)) + code_prompts(rng, int(total * 0.35))
-                   + math_prompts(rng, int(total * 0.15)) + reference_prompts(rng, int(total * 0.1)))
-    else:
-        prompts = (general_prompts(rng, int(total * 0.2)) + advice_prompts(rng, int(total * 0.1))
-                   + writing_prompts(rng, int(total * 0.2)) + reasoning_prompts(rng, int(total * 0.15))
-                   + word_problems(rng, int(total * 0.1)) + math_prompts(rng, int(total * 0.05))
-                   + code_prompts(rng, int(total * 0.15)) + reference_prompts(rng, int(total * 0.05)))
+    prompts = [p for make, share in MIXES[mix] for p in make(rng, int(total * share))]
     prompts = list(dict.fromkeys(prompts))   # templated prompts can repeat
     rng.shuffle(prompts)
     return prompts
