@@ -69,11 +69,16 @@ class GrowingLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self._length if self.is_initialized else 0
 
-    def buffers(self, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def buffers(self, end: int, like: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The key and value buffers with room for `end` positions, for a writer that fills them itself and
-        then moves the length (engine/fused.py); None before the first update."""
+        then moves the length (engine/fused.py); before the first update, new ones shaped, typed and placed
+        as `like` [1, KV, 0, D] (None without it)."""
         if not self.is_initialized or self._keys is None or self._keys.dim() < 2:
-            return None
+            if like is None:
+                return None
+            self.device, self.is_initialized, self._length = like.device, True, 0
+            self._keys, self._values = room(None, like, 0, end), room(None, like, 0, end)
+            return self._keys, self._values
         self._keys = room(self._keys, self._keys, self._length, end)
         self._values = room(self._values, self._values, self._length, end)
         return self._keys, self._values

@@ -212,7 +212,8 @@ class FastDecoder:
         if not all(type(layer) is GrowingLayer for layer in layers):
             return None
         past = layers[0].get_seq_length()
-        buffers = [layer.buffers(past + n) for layer in layers]
+        like = x.new_empty(1, self.stack.shape.kv_heads, 0, self.head_dim)   # a prompt's forward starts the cache
+        buffers = [layer.buffers(past + n, like) for layer in layers]
         if any(b is None for b in buffers):
             return None
         keys, values = [b[0] for b in buffers], [b[1] for b in buffers]
