@@ -192,3 +192,29 @@ def test_the_cache_grows_in_place_and_keeps_every_row(monkeypatch):
             ids += [rows[k] for k in keep]
             assert cache_length(cache) == len(ids)
     assert cache.layers[0]._keys.shape[-2] >= len(ids) > 4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_compiled_compaction_moves_the_rows_torch_moves(dtype, monkeypatch):
+    """compact()'s one compiled call over every layer's buffers against its per-layer tensor ops."""
+    gen = torch.Generator().manual_seed(0)
+    model = MODELS["qwen3"]
+    past, rows, keep = 9, 7, [0, 2, 3, 6]
+    caches = []
+    for _ in range(2):
+        cache = new_cache(model)
+        for layer in cache.layers:
+            layer.update(torch.randn(1, 2, past + rows, 8, generator=gen).to(dtype),
+                         torch.randn(1, 2, past + rows, 8, generator=gen).to(dtype))
+        caches.append(cache)
+    for a, b in zip(caches[0].layers, caches[1].layers):   # the same contents in both
+        b.keys.copy_(a.keys)
+        b.values.copy_(a.values)
+    if not cache_module.compact_compiled(caches[0], past, keep):
+        pytest.skip("no compiled row ops here")
+    for layer in caches[0].layers:
+        layer.crop(len(keep) - rows)
+    monkeypatch.setattr(cache_module, "compact_compiled", lambda *args: False)   # the per-layer tensor ops
+    compact(caches[1], past, keep)
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)

@@ -17,6 +17,30 @@ def test_greedy_argmax_is_torchs_rule():
     assert int(argmax(x[0])) == int(x[0].argmax())
 
 
+def test_compiled_argmax_is_numpys_rule():
+    """The compiled argmax (row_select.c) against NumPy's on the same values: ties, NaNs, -inf rows, signed
+    zeros, rows with a stride, lengths around its blocks of 16, bf16 and fp32."""
+    import numpy as np
+
+    from treegen.engine import kernels
+    from treegen.engine.sampling import argmax
+
+    if kernels.select_library() is None:
+        return   # no compiler here: the NumPy path is the rule itself
+    gen = torch.Generator().manual_seed(1)
+    for n in (1, 15, 16, 17, 33, 4096, 49152):
+        x = torch.randn(6, n + 3, generator=gen)[:, :n]   # rows a stride apart
+        x[1] = x[1].round()                                # many ties
+        x[2] = -float("inf")
+        x[3, n // 2] = float("nan")
+        x[4] = 0.0
+        x[4, :: 2] = -0.0
+        x[5, n - 1] = float("inf")
+        for t in (x, x.bfloat16()):
+            want = torch.from_numpy(np.asarray(t.float().numpy().argmax(-1)))
+            assert torch.equal(argmax(t), want), (n, t.dtype)
+
+
 def test_draw_is_inverse_cdf_sampling():
     """sampling.draw: one index per row from one uniform, in proportion to the row's (unnormalised) mass; a
     zero-probability index is never drawn, whatever the row's shape."""

@@ -1,6 +1,8 @@
 """The target's KV cache: checked once for compactability, then compacted to each round's accepted path."""
 from __future__ import annotations
 
+import ctypes
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -121,10 +123,36 @@ def compact(cache, past_len: int, keep_rows: list[int]) -> None:
     """
     total = cache_length(cache)
     new_len = past_len + len(keep_rows)
-    if keep_rows != list(range(len(keep_rows))):
+    if keep_rows != list(range(len(keep_rows))) and not compact_compiled(cache, past_len, keep_rows):
         src = torch.tensor([past_len + r for r in keep_rows], device=cache.layers[0].keys.device)
         for layer in cache.layers:
             layer.keys[..., past_len:new_len, :] = layer.keys.index_select(-2, src)
             layer.values[..., past_len:new_len, :] = layer.values.index_select(-2, src)
     if total > new_len:
         cache.crop(new_len - total)
+
+
+def compact_compiled(cache, past_len: int, keep_rows: list[int]) -> bool:
+    """compact()'s row moves as one compiled call over every layer's buffers (row_ops.c), where they are CPU
+    GrowingLayer buffers of one shape (two tensor ops a layer otherwise); False where it does not serve."""
+    from . import kernels
+
+    layers = cache.layers
+    if not layers or not all(type(layer) is GrowingLayer for layer in layers):
+        return False
+    first = layers[0]._keys
+    if first is None or first.device.type != "cpu" or first.dim() != 4 or first.shape[0] != 1:
+        return False
+    shape, strides = first.shape, first.stride()
+    buffers = [b for layer in layers for b in (layer._keys, layer._values)]
+    if strides[3] != 1 or strides[2] != shape[3] or any(
+            b is None or b.shape != shape or b.stride() != strides or b.dtype != first.dtype for b in buffers):
+        return False
+    lib = kernels.ops_library()
+    if lib is None:
+        return False
+    pointers = (ctypes.c_void_p * len(buffers))(*(b.data_ptr() for b in buffers))
+    keep = (ctypes.c_int64 * len(keep_rows))(*keep_rows)
+    lib.compact_rows(pointers, len(buffers), shape[1], strides[1], shape[3], first.element_size(), past_len, keep,
+                     len(keep_rows))
+    return True

@@ -75,12 +75,14 @@ def matmul_library() -> ctypes.CDLL | None:
 
 @functools.lru_cache(maxsize=1)
 def ops_library() -> ctypes.CDLL | None:
-    """The built row-wise ops (RMS norm, rotary embedding), or None (as library())."""
+    """The built row-wise ops (RMS norm, rotary embedding, a cache's compaction), or None (as library())."""
     lib = build(OPS_SOURCE)
     if lib is not None:
         for name, args in (("rms_norm_f32", NORM_ARGS), ("rms_norm_bf16", NORM_ARGS), ("rope_f32", ROPE_ARGS),
                            ("rope_bf16", ROPE_ARGS)):
             getattr(lib, name).argtypes, getattr(lib, name).restype = args, None
+        lib.compact_rows.argtypes, lib.compact_rows.restype = [_ptr, _i64, _i64, _i64, _i64, _i64, _i64, _ptr,
+                                                               _i64], None
     return lib
 
 
@@ -108,13 +110,14 @@ def q4_library() -> ctypes.CDLL | None:
 
 @functools.lru_cache(maxsize=1)
 def select_library() -> ctypes.CDLL | None:
-    """The built selections of drafting (row_select.c: per-row top-k with log-sum-exp, gathered dot products),
-    or None (as library())."""
+    """The built selections (row_select.c: drafting's per-row top-k with log-sum-exp and gathered dot products,
+    greedy decoding's per-row argmax), or None (as library())."""
     lib = build(SELECT_SOURCE)
     if lib is not None:
         lib.top_k_lse_f32.argtypes, lib.top_k_lse_f32.restype = TOP_ARGS, None
         for name in ("gathered_dot_f32", "gathered_dot_bf16"):
             getattr(lib, name).argtypes, getattr(lib, name).restype = GATHERED_ARGS, None
+        lib.argmax_rows.argtypes, lib.argmax_rows.restype = [_ptr, _i64, _i64, _i64, ctypes.c_int, _ptr], None
     return lib
 
 

@@ -60,3 +60,17 @@ DEFINE_NORM(rms_norm_f32, float, load_f32, store_f32, round_f32)
 DEFINE_NORM(rms_norm_bf16, uint16_t, from_bf16, to_bf16, round_bf16)
 DEFINE_ROPE(rope_f32, float, load_f32, store_f32, round_f32)
 DEFINE_ROPE(rope_bf16, uint16_t, from_bf16, to_bf16, round_bf16)
+
+/* A KV cache's compaction after a tree round, every buffer in one call: in each buffer [heads][capacity][dim]
+   (heads `stride` elements apart, `item` bytes an element), row past + keep[j] moves to past + j. keep is
+   ascending, so keep[j] >= j and a forward pass never overwrites a row it has yet to read. */
+void compact_rows(char *const *buffers, int64_t count, int64_t heads, int64_t stride, int64_t dim, int64_t item,
+                  int64_t past, const int64_t *keep, int64_t kept) {
+    const int64_t row = dim * item;
+    for (int64_t b = 0; b < count; ++b)
+        for (int64_t h = 0; h < heads; ++h) {
+            char *base = buffers[b] + (h * stride + past * dim) * item;
+            for (int64_t j = 0; j < kept; ++j)
+                if (keep[j] != j) memmove(base + j * row, base + keep[j] * row, (size_t)row);
+        }
+}

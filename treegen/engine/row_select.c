@@ -153,3 +153,53 @@ void NAME(const float *states, int64_t groups, int64_t m, int64_t h, const T *w,
 
 DEFINE_GATHERED(gathered_dot_f32, float, load_f32)
 DEFINE_GATHERED(gathered_dot_bf16, uint16_t, from_bf16)
+
+/* One row's value j as fp32: bf16 (its bits are an fp32's top half) or fp32. */
+static inline float value_at(const void *row, int64_t j, int bf16) {
+    return bf16 ? from_bf16(((const uint16_t *)row)[j]) : ((const float *)row)[j];
+}
+
+#ifdef __AVX512F__
+static inline __m512 load16(const void *row, int64_t j, int bf16) {
+    if (!bf16) return _mm512_loadu_ps((const float *)row + j);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + j));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
+/* x [rows, n] fp32 or bf16 (rows `stride` values apart) -> out [rows]: the first index of each row's largest
+   value, a NaN counted largest (the first NaN): NumPy's argmax rule, so plain decoding and every walk pick the
+   same token from the same logits. Two passes: the maximum (and whether there is a NaN), then its first index. */
+void argmax_rows(const void *x, int64_t rows, int64_t n, int64_t stride, int bf16, int64_t *out) {
+    const int64_t size = bf16 ? 2 : 4;
+    for (int64_t r = 0; r < rows; ++r) {
+        const void *row = (const char *)x + r * stride * size;
+        float best = -INFINITY;
+        int64_t j = 0, nan = -1;
+#ifdef __AVX512F__
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        for (; j + LANES <= n; j += LANES) {
+            __m512 v = load16(row, j, bf16);
+            if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) break;   /* a NaN here: the scalar scan finds it */
+            top = _mm512_max_ps(top, v);
+        }
+        best = _mm512_reduce_max_ps(top);
+#endif
+        for (int64_t i = j; i < n; ++i) {
+            float v = value_at(row, i, bf16);
+            if (v != v) { nan = i; break; }
+            if (v > best) best = v;
+        }
+        if (nan >= 0) { out[r] = nan; continue; }
+        int64_t first = 0;
+        j = 0;
+#ifdef __AVX512F__
+        for (; j + LANES <= n; j += LANES) {
+            unsigned hit = _mm512_cmp_ps_mask(load16(row, j, bf16), _mm512_set1_ps(best), _CMP_EQ_OQ);
+            if (hit) break;
+        }
+#endif
+        for (first = j; first < n && value_at(row, first, bf16) != best; ++first) {}
+        out[r] = first < n ? first : 0;
+    }
+}

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import kernels
+
 DEFAULT_TEMPERATURE = 0.0
 DEFAULT_TOP_K = 0      # 0 = off
 DEFAULT_TOP_P = 1.0    # 1 = off
@@ -80,12 +82,19 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """The first index of each row's largest logit. On a CPU through NumPy: torch's argmax over a vocabulary
-    row is several times slower (bf16 more so), and every method's greedy step and walk pays it per row.
-    The same rule (first maximum, NaN counted largest) on the same values: plain decoding and every walk
-    run it alike."""
+    """The first index of each row's largest logit. On a CPU one compiled pass (row_select.c), else through
+    NumPy: torch's argmax over a vocabulary row is several times slower (bf16 more so), and every method's
+    greedy step and walk pays it per row. The same rule (first maximum, NaN counted largest) on the same
+    values: plain decoding and every walk run it alike."""
     if logits.device.type != "cpu":
         return logits.argmax(dim=-1)
+    lib = kernels.select_library()
+    if lib is not None and logits.dim() == 2 and logits.dtype in (torch.bfloat16, torch.float32) \
+            and logits.stride(-1) == 1 and logits.shape[-1] > 0:   # one compiled pass, the same rule
+        out = torch.empty(logits.shape[0], dtype=torch.long)
+        lib.argmax_rows(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0),
+                        int(logits.dtype == torch.bfloat16), out.data_ptr())
+        return out
     return torch.from_numpy(np.asarray(logits.detach().float().numpy().argmax(-1)))
 
 
