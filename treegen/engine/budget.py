@@ -35,8 +35,8 @@ MAX_REST = 64                         # most rounds of plain decoding before dra
 REST_MARGIN = 0.9                     # rest only when drafting rounds run below this share of plain speed
 REST_WINDOW = 0.2                     # weight of the latest drafting round in the running rate
 REST_AFTER = 4                        # drafting rounds seen before the running rate is trusted
-CAP_WINDOW, CAP_FLOOR = 8, 4          # cap(): rounds it looks back over, the least it asks for
-DEPTH_FLOOR = 2                       # depth_cap(): the least depth it asks for
+CAP_WINDOW, CAP_FLOOR = 8, 32         # cap(): rounds it looks back over, the least it asks for
+DEPTH_FLOOR = 4                       # depth_cap(): the least depth it asks for
 PRIOR_DECAY = 0.6                     # a drawn child's prior acceptance, rank by rank (DrawnRanks)
 
 
