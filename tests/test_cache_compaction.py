@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import treegen.engine.cache as cache_module
+import treegen.engine.tree as tree_module
 from treegen.engine.cache import cache_length, compact, new_cache
 from treegen.engine.tree import DraftTree, ancestor_matrix, node_depths, verification_inputs
 
@@ -114,12 +115,13 @@ def test_two_rounds_of_compaction_in_a_row():
 @settings(max_examples=300, deadline=None)
 @given(tree=trees(max_nodes=20))
 def test_ancestor_matrix_is_the_ancestor_relation(tree):
-    allowed = ancestor_matrix(tree)
+    """Both forms: the list walk small host trees take and the tensor walk of the others."""
     n = len(tree)
-    assert allowed.shape == (n + 1, n + 1)
-    for row in range(n + 1):
-        ancestors = {0} | {i + 1 for i in root_path(tree, row - 1)}
-        assert set(allowed[row].nonzero().flatten().tolist()) == ancestors
+    for allowed in (ancestor_matrix(tree), tree_module._ancestors_on_device(tree)):
+        assert allowed.shape == (n + 1, n + 1) and allowed.dtype == torch.bool
+        for row in range(n + 1):
+            ancestors = {0} | {i + 1 for i in root_path(tree, row - 1)}
+            assert set(allowed[row].nonzero().flatten().tolist()) == ancestors
 
 
 @settings(max_examples=300, deadline=None)

@@ -191,15 +191,13 @@ void argmax_rows(const void *x, int64_t rows, int64_t n, int64_t stride, int bf1
             if (v > best) best = v;
         }
         if (nan >= 0) { out[r] = nan; continue; }
-        int64_t first = 0;
-        j = 0;
+        int64_t first = 0;   /* the block of 16 that holds the maximum first, then its lane */
 #ifdef __AVX512F__
-        for (; j + LANES <= n; j += LANES) {
-            unsigned hit = _mm512_cmp_ps_mask(load16(row, j, bf16), _mm512_set1_ps(best), _CMP_EQ_OQ);
-            if (hit) break;
-        }
+        while (first + LANES <= n &&
+               !_mm512_cmp_ps_mask(load16(row, first, bf16), _mm512_set1_ps(best), _CMP_EQ_OQ))
+            first += LANES;
 #endif
-        for (first = j; first < n && value_at(row, first, bf16) != best; ++first) {}
-        out[r] = first < n ? first : 0;
+        while (value_at(row, first, bf16) != best) ++first;   /* best is a value of the row: found before n */
+        out[r] = first;
     }
 }

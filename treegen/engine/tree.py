@@ -174,8 +174,17 @@ def node_depths(parents: list[int], device="cpu") -> torch.Tensor:
     return torch.tensor(depth, dtype=torch.long, device=device)
 
 
+HOST_ROWS = 32   # a tree this small in host memory: its mask and inputs from Python lists, not tensor ops
+
+
 def ancestor_matrix(tree: DraftTree) -> torch.Tensor:
     """[n+1, n+1] bool: row r may attend to column c (c is r, an ancestor of r, or the anchor)."""
+    if tree.tokens.device.type == "cpu" and len(tree) <= HOST_ROWS:
+        return _ancestors_on_host(tree)
+    return _ancestors_on_device(tree)
+
+
+def _ancestors_on_device(tree: DraftTree) -> torch.Tensor:
     n, device = len(tree), tree.tokens.device
     up = torch.cat([torch.zeros(1, dtype=torch.long, device=device), tree.parents + 1])  # row -> parent row
     rows = torch.arange(n + 1, device=device)
@@ -187,39 +196,33 @@ def ancestor_matrix(tree: DraftTree) -> torch.Tensor:
     return allowed
 
 
-HOST_ROWS = 32   # trees up to this many nodes in host memory get their inputs from Python lists
+def _ancestors_on_host(tree: DraftTree) -> torch.Tensor:
+    """ancestor_matrix for a few dozen nodes: a walk over lists costs less than a dozen tensor ops (plain
+    decoding and most rounds build a mask every step)."""
+    n = len(tree)
+    seen = [[0]]   # per row: the rows it sees (the anchor, its ancestors, itself); parents come first
+    for i, p in enumerate(tree.parents.tolist()):
+        seen.append(seen[p + 1] + [i + 1])
+    allowed = [False] * (n + 1) ** 2
+    for r, cols in enumerate(seen):
+        for c in cols:
+            allowed[r * (n + 1) + c] = True
+    return torch.tensor(allowed).view(n + 1, n + 1)
 
 
 def verification_inputs(anchor: int, tree: DraftTree, past_len: int, dtype: torch.dtype):
-    """input_ids [1, n+1], position_ids [1, n+1] and the additive 4D mask [1, 1, n+1, past_len+n+1]."""
-    device = tree.tokens.device
-    if device.type == "cpu" and len(tree) <= HOST_ROWS:
-        return _inputs_on_host(anchor, tree, past_len, dtype)
-    ids = torch.cat([torch.tensor([anchor], device=device), tree.tokens]).view(1, -1)
-    depth = torch.cat([torch.zeros(1, dtype=torch.long, device=device), tree.depth])
-    allowed = torch.cat([torch.ones(len(tree) + 1, past_len, dtype=torch.bool, device=device),
-                         ancestor_matrix(tree)], dim=1)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return ids, (past_len + depth).view(1, -1), mask[None, None]
-
-
-def _inputs_on_host(anchor: int, tree: DraftTree, past_len: int, dtype: torch.dtype):
-    """verification_inputs for a small tree in host memory: a few lists cost less than a dozen tensor ops
-    (plain decoding and most rounds pay this every step). The same tensors."""
-    n = len(tree)
-    ids = torch.tensor([[anchor] + tree.tokens.tolist()])
-    positions = torch.tensor([[past_len] + [past_len + d for d in tree.depth.tolist()]])
-    mask = torch.zeros(1, 1, n + 1, past_len + n + 1, dtype=dtype)
-    if n:
-        seen = [[0]]   # per row: the rows it sees (the anchor, its ancestors, itself)
-        for i, p in enumerate(tree.parents.tolist()):
-            seen.append(seen[p + 1] + [i + 1])
-        blocked = [True] * (n + 1) ** 2
-        for r, cols in enumerate(seen):
-            for c in cols:
-                blocked[r * (n + 1) + c] = False
-        mask[0, 0, :, past_len:].masked_fill_(torch.tensor(blocked).view(n + 1, n + 1), torch.finfo(dtype).min)
+    """input_ids [1, n+1], position_ids [1, n+1] and the additive 4D mask [1, 1, n+1, past_len+n+1]: the
+    committed positions open to every row, the tree's block its ancestor matrix."""
+    device, n = tree.tokens.device, len(tree)
+    if device.type == "cpu" and n <= HOST_ROWS:   # lists, as ancestor_matrix
+        ids = torch.tensor([[anchor] + tree.tokens.tolist()])
+        positions = torch.tensor([[past_len] + [past_len + d for d in tree.depth.tolist()]])
+    else:
+        ids = torch.cat([torch.tensor([anchor], device=device), tree.tokens]).view(1, -1)
+        positions = (past_len + torch.cat([torch.zeros(1, dtype=torch.long, device=device), tree.depth])).view(1, -1)
+    mask = torch.zeros(1, 1, n + 1, past_len + n + 1, dtype=dtype, device=device)
+    if n:   # a lone anchor sees everything
+        mask[0, 0, :, past_len:].masked_fill_(~ancestor_matrix(tree), torch.finfo(dtype).min)
     return ids, positions, mask
 
 
