@@ -111,13 +111,15 @@ def q4_library() -> ctypes.CDLL | None:
 @functools.lru_cache(maxsize=1)
 def select_library() -> ctypes.CDLL | None:
     """The built selections (row_select.c: drafting's per-row top-k with log-sum-exp and gathered dot products,
-    greedy decoding's per-row argmax), or None (as library())."""
+    greedy decoding's per-row argmax, sampling's per-row draw), or None (as library())."""
     lib = build(SELECT_SOURCE)
     if lib is not None:
         lib.top_k_lse_f32.argtypes, lib.top_k_lse_f32.restype = TOP_ARGS, None
         for name in ("gathered_dot_f32", "gathered_dot_bf16"):
             getattr(lib, name).argtypes, getattr(lib, name).restype = GATHERED_ARGS, None
         lib.argmax_rows.argtypes, lib.argmax_rows.restype = [_ptr, _i64, _i64, _i64, ctypes.c_int, _ptr], None
+        lib.sample_rows.argtypes = [_ptr, _i64, _i64, _i64, ctypes.c_int, ctypes.c_float, _ptr, _ptr, _ptr]
+        lib.sample_rows.restype = _i64
     return lib
 
 

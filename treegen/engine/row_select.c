@@ -201,3 +201,74 @@ void argmax_rows(const void *x, int64_t rows, int64_t n, int64_t stride, int bf1
         out[r] = first;
     }
 }
+
+/* w [16]: e^(x/t - top) of the row's values j.. (count of them, 16 but at the row's end), and their sum in a
+   fixed order: a whole block through the vector series, a short one value by value (row_common.h's twins). */
+static inline float block_weights(const void *row, int64_t j, int64_t count, int bf16, float t, float top, float *w) {
+#ifdef __AVX512F__
+    if (count == LANES) {
+        __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_div_ps(load16(row, j, bf16), _mm512_set1_ps(t)),
+                                                   _mm512_set1_ps(top)));
+        _mm512_storeu_ps(w, e);
+        return _mm512_reduce_add_ps(e);
+    }
+#endif
+    float s = 0.0f;
+    for (int64_t i = 0; i < count; ++i) s += w[i] = exp_nonpositive(value_at(row, j + i, bf16) / t - top);
+    return s;
+}
+
+/* x [rows, n] fp32 or bf16 (rows `stride` values apart), t > 0, u [rows] uniforms in [0, 1), blocks [ceil(n /
+   16)] scratch -> out [rows]: one draw per row from softmax(x / t), by inverse CDF over the weights e^(x/t -
+   max). The running sum is fixed: the blocks of 16 (block_weights' sums) added in fp64 from the first, then the
+   chosen block's weights one by one; the first index where it passes u times the total is drawn (where rounding
+   passes none, the last weight above 0). A zero weight is never drawn: the sum does not move there. -1
+   for a row whose largest x/t is not finite (NaN, +inf, every value -inf), left to the caller's reference
+   path; returns how many. */
+int64_t sample_rows(const void *x, int64_t rows, int64_t n, int64_t stride, int bf16, float t, const double *u,
+                    float *blocks, int64_t *out) {
+    const int64_t size = bf16 ? 2 : 4, nb = (n + LANES - 1) / LANES;
+    int64_t undecided = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        const void *row = (const char *)x + r * stride * size;
+        float top = -INFINITY, w[LANES];   /* the largest x, then x / t: division by t > 0 keeps the order */
+        int nan = 0;
+        int64_t j = 0;
+#ifdef __AVX512F__
+        __m512 vtop = _mm512_set1_ps(-INFINITY);
+        for (; j + LANES <= n; j += LANES) {
+            __m512 v = load16(row, j, bf16);
+            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0;
+            vtop = _mm512_max_ps(vtop, v);
+        }
+        top = _mm512_reduce_max_ps(vtop);
+#endif
+        for (; j < n; ++j) {
+            float v = value_at(row, j, bf16);
+            nan |= v != v;
+            if (v > top) top = v;
+        }
+        top /= t;
+        if (nan || !isfinite(top)) { out[r] = -1, ++undecided; continue; }
+        double total = 0.0, run = 0.0;
+        for (int64_t b = 0; b < nb; ++b) {
+            blocks[b] = block_weights(row, b * LANES, n - b * LANES < LANES ? n - b * LANES : LANES, bf16, t, top, w);
+            total += blocks[b];
+        }
+        const double target = u[r] * total;
+        int64_t b = 0;
+        while (b < nb && !(run + blocks[b] > target)) run += blocks[b++];
+        const int passed = b < nb;   /* else rounding passed no block: the row's last block with mass */
+        if (!passed)
+            for (b = nb - 1; b > 0 && !(blocks[b] > 0.0f); --b) {}
+        const int64_t count = n - b * LANES < LANES ? n - b * LANES : LANES;
+        block_weights(row, b * LANES, count, bf16, t, top, w);
+        int64_t pick = -1;
+        for (int64_t i = 0; passed && i < count; ++i)
+            if ((run += w[i]) > target) { pick = i; break; }
+        if (pick < 0)   /* none passed: the block's last weight above 0 */
+            for (pick = count - 1; pick > 0 && !(w[pick] > 0.0f); --pick) {}
+        out[r] = b * LANES + pick;
+    }
+    return undecided;
+}

@@ -61,13 +61,39 @@ class Sampler:
         return x
 
     def sample(self, logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        """One token per row of [rows, V] logits: argmax at T=0, else one draw from probs()."""
+        """One token per row of [rows, V] logits: argmax at T=0, else one draw from probs() (on a CPU one
+        compiled pass over the logits: softmax_draw)."""
         if self.greedy:
             return argmax(logits)
-        return draw(self.probs(logits), generator)
+        if self.plain:
+            return softmax_draw(logits, self.temperature, generator)
+        return softmax_draw(self.filtered_logits(logits), 1.0, generator)
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def softmax_draw(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None,
+                 u: torch.Tensor | None = None) -> torch.Tensor:
+    """One index per row of [..., V] logits drawn from softmax(logits / temperature), one uniform a row. On a
+    CPU one compiled call (row_select.c's sample_rows: the same inverse-CDF rule over the weights
+    e^(x/t - max), in a fixed order), where torch's softmax, fp64 cumsum and search over a 49,152-token row
+    cost a few percent of a small model's step; else, and for a row whose largest value is not finite, draw().
+    u: the rows' uniforms ([rows, 1], fp64), else drawn from `generator` as draw() draws them."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    if u is None:
+        u = torch.rand(rows.shape[0], 1, generator=generator, device=rows.device, dtype=torch.float64)
+    lib = kernels.select_library() if rows.device.type == "cpu" else None
+    if lib is None or rows.dtype not in (torch.bfloat16, torch.float32) or rows.stride(-1) != 1 \
+            or rows.shape[-1] == 0:
+        return draw(torch.softmax(rows.float() / temperature, dim=-1), u=u).view(logits.shape[:-1])
+    out = torch.empty(rows.shape[0], dtype=torch.long)
+    blocks = torch.empty(-(-rows.shape[1] // 16), dtype=torch.float32)
+    if lib.sample_rows(rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0),
+                       int(rows.dtype == torch.bfloat16), temperature, u.data_ptr(), blocks.data_ptr(), out.data_ptr()):
+        undecided = out < 0
+        out[undecided] = draw(torch.softmax(rows[undecided].float() / temperature, dim=-1), u=u[undecided])
+    return out.view(logits.shape[:-1])
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None, u: torch.Tensor | None = None) -> torch.Tensor:
     """One index per row of [..., V] probabilities (a row need not sum to 1): the first whose running sum
     (fp64) passes a uniform draw times the row's total, i.e. inverse-CDF sampling from one uniform a row:
     a few passes over the row, where torch.multinomial on a CPU costs a sizeable share of a small model's
@@ -75,7 +101,9 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     rows = probs.reshape(-1, probs.shape[-1])
     cdf = rows.double().cumsum(-1)
     total = cdf[:, -1:]
-    u = torch.rand(rows.shape[0], 1, generator=generator, device=rows.device, dtype=torch.float64) * total
+    if u is None:   # [rows, 1] uniforms in [0, 1), fp64
+        u = torch.rand(rows.shape[0], 1, generator=generator, device=rows.device, dtype=torch.float64)
+    u = u * total
     # u < total; where rounding says otherwise, the last index with mass (cdf's first maximum)
     picked = torch.minimum(torch.searchsorted(cdf, u, right=True)[:, 0], cdf.argmax(-1))
     return picked.view(probs.shape[:-1])
