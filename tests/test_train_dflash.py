@@ -9,7 +9,7 @@ from conftest import TINY_CORPUS
 
 from treegen.drafters.vocab import DRAFT_VOCAB, load_vocab
 from treegen.train.cli import train
-from treegen.train.dflash import block_mask, sample_anchors
+from treegen.train.dflash import block_lengths, block_mask, sample_anchors
 
 
 def test_block_mask_sees_context_before_anchor_and_own_block():
@@ -19,6 +19,44 @@ def test_block_mask_sees_context_before_anchor_and_own_block():
     assert mask[3, :8].tolist() == [True] * 5 + [False] * 3       # second block: before position 5
     assert mask[0, 8:].tolist() == [True] * 3 + [False] * 3       # own block only, both directions
     assert mask[5, 8:].tolist() == [False] * 3 + [True] * 3
+
+
+def test_a_shorter_block_hides_its_rows_past_its_end():
+    mask = block_mask(torch.tensor([[2, 5]]), seq_len=8, block=3, lengths=torch.tensor([[2, 3]]))[0, 0]
+    assert mask[0, 8:].tolist() == [True, True] + [False] * 4     # the first block is 2 long
+    assert mask[2, 8:].tolist() == [True, True] + [False] * 4     # its row past the end sees the same keys
+    assert mask[5, 8:].tolist() == [False] * 3 + [True] * 3       # the second is whole
+    lengths = block_lengths(64, 16, 10, 0.5, torch.Generator().manual_seed(0))
+    assert lengths.min() >= 2 and lengths.max() == 10 and 0.3 < (lengths < 10).float().mean() < 0.7
+
+
+def test_training_a_cut_block_is_drafting_a_short_one():
+    """A block cut to length L in training (--short-blocks) computes what drafting's L-row block computes
+    (drafters/dflash.py runs only a tree's depths), and cutting no block leaves the loss as it was."""
+    import dataclasses
+
+    from conftest import tiny_qwen3
+    from test_dflash import tiny_drafter_config
+
+    from treegen.models.dflash import DFlashDrafter
+    from treegen.train.dflash import block_pass, dflash_loss
+
+    target = tiny_qwen3()
+    torch.manual_seed(2)
+    config = tiny_drafter_config(target)
+    drafter = DFlashDrafter(config)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 95, (2, 32), generator=gen)
+    anchors = sample_anchors(2, 32, 3, config.block_size, gen)
+    short = DFlashDrafter(dataclasses.replace(config, block_size=3))
+    short.load_state_dict(drafter.state_dict())
+    with torch.no_grad():
+        cut, _ = block_pass(drafter, target, ids, anchors, lengths=torch.full((2, 3), 3))
+        alone, _ = block_pass(short, target, ids, anchors)
+        torch.testing.assert_close(cut[:, :, :3], alone, atol=1e-5, rtol=1e-5)
+        whole = torch.full((2, 3), config.block_size)
+        torch.testing.assert_close(dflash_loss(drafter, target, ids, anchors, 4.0, lengths=whole)[0],
+                                   dflash_loss(drafter, target, ids, anchors, 4.0)[0])
 
 
 def test_anchors_leave_room_for_context_and_labels():

@@ -146,13 +146,16 @@ SOFT = click.option("--soft", type=click.FloatRange(0, 1), default=0.0, show_def
               help="Train on N target-regenerated sequences.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out text for the final acceptance estimate.")
 @SOFT
+@click.option("--short-blocks", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Share of the blocks cut to a random shorter length (2 .. block size - 1), scored over their "
+                   "own positions: drafting runs only as many block rows as a round's tree has depths.")
 @click.option("--heldout-windows", type=click.IntRange(min=0), default=0, show_default=True,
               help="Keep the data's last K windows out of training and print their loss at every checkpoint; "
                    "the drafter with the lowest so far is also written to OUT/best.")
 @guarded
 def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, init, candidates,
-               init_from_target, gamma, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, soft, heldout_windows,
-               resume, feature_cache, seed, device, precision):
+               init_from_target, gamma, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, soft, short_blocks,
+               heldout_windows, resume, feature_cache, seed, device, precision):
     """Train a DFlash block-diffusion drafter for TARGET; writes z-lab's checkpoint layout to OUT.
 
     Ctrl-C or SIGTERM stops at the end of the current step, with a checkpoint that --resume continues."""
@@ -169,7 +172,8 @@ def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_
     cfg = DFlashTrainConfig(num_layers=layers, block_size=block_size, target_layer_ids=ids, batch=batch,
                             seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
                             max_seconds=_budget(minutes), seed=seed, init_from_target=init_from_target,
-                            candidates=candidates, soft=soft, heldout_windows=heldout_windows, gamma=gamma,
+                            candidates=candidates, soft=soft, short_blocks=short_blocks,
+                            heldout_windows=heldout_windows, gamma=gamma,
                             feature_cache=_folder(feature_cache), device=device, precision=precision)
     with stop_signals(), new_folder(out):
         train_dflash_pipeline(target, list(data), out, cfg, mask_token_id=mask_token_id, regen=regen,

@@ -33,6 +33,7 @@ class DFlashTrainConfig(LoopConfig):
     init_from_target: bool = False                    # start each layer as a copy of one of the target's last
     candidates: int = 0                               # > 0: CE over the data's most frequent tokens + labels
     soft: float = 0.0                                 # weight of KL(target || draft) against the hard labels
+    short_blocks: float = 0.0                         # share of blocks cut to a random shorter length (block_lengths)
 
 
 def build_drafter(target, mask_token_id: int, cfg: DFlashTrainConfig, seed: int = 0) -> DFlashDrafter:
@@ -81,13 +82,13 @@ def target_rows(target, anchors: torch.Tensor, depth: int, *, final: torch.Tenso
 
 
 def soft_mix(loss: torch.Tensor, logits: torch.Tensor, p_logits: torch.Tensor, weights: torch.Tensor,
-             soft: float) -> torch.Tensor:
+             soft: float, valid: torch.Tensor | None = None) -> torch.Tensor:
     """(1 - soft) * the hard-label loss + soft * the position-weighted KL(target || draft) between the
     draft's logits and the target's (target_rows) [b, n, D, V]: a law calibrated to the target's own (what
     acceptance at T > 0 rewards), not to one sampled continuation."""
     kl = F.kl_div(torch.log_softmax(logits, -1), torch.log_softmax(p_logits, -1), log_target=True,
                   reduction="none").sum(-1)
-    return (1 - soft) * loss + soft * (kl * weights).sum(-1).mean() / weights.sum()
+    return (1 - soft) * loss + soft * per_block(kl, weights, valid)
 
 
 def sample_anchors(batch: int, seq_len: int, n: int, block: int, gen: torch.Generator,
@@ -100,22 +101,36 @@ def sample_anchors(batch: int, seq_len: int, n: int, block: int, gen: torch.Gene
     return scores.topk(min(n, seq_len - block), dim=-1).indices.sort(dim=-1).values + 1
 
 
-def block_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torch.Tensor:
-    """[b, 1, n*B, T + n*B] bool: a block query sees context before its anchor and its own block."""
+def block_lengths(batch: int, n: int, block: int, share: float, gen: torch.Generator) -> torch.Tensor:
+    """[batch, n] block lengths: `share` of the blocks cut to a length drawn from 2 .. block - 1, the rest whole.
+    Drafting runs only as many block rows as a round's tree has depths (drafters/dflash.py: a two-node tree
+    runs three), so a drafter that also learns short blocks drafts them as it was trained."""
+    cut = torch.rand(batch, n, generator=gen) < share
+    return torch.where(cut, torch.randint(2, max(block, 3), (batch, n), generator=gen), block).clamp(max=block)
+
+
+def block_mask(anchors: torch.Tensor, seq_len: int, block: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """[b, 1, n*B, T + n*B] bool: a block query sees context before its anchor and its own block (its first
+    `lengths` [b, n] positions when given: a shorter block's rows past its end are not there)."""
     (b, n), dev = anchors.shape, anchors.device
     q_anchor = anchors.repeat_interleave(block, dim=1)                          # [b, nB]
     ctx_ok = torch.arange(seq_len, device=dev)[None, None] < q_anchor[..., None]  # [b, nB, T]
     blk = torch.arange(n, device=dev).repeat_interleave(block)
     blk_ok = (blk[:, None] == blk[None, :]).expand(b, -1, -1)                  # [b, nB, nB]
+    if lengths is not None:
+        inside = torch.arange(block, device=dev).repeat(n)[None] < lengths.repeat_interleave(block, dim=1)
+        blk_ok = blk_ok & inside[:, None, :]
     return torch.cat([ctx_ok, blk_ok], dim=-1)[:, None]
 
 
 def block_pass(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, *, extra_labels: int = 0,
-               normed: bool = True, features: torch.Tensor | None = None, visible: torch.Tensor | None = None):
+               normed: bool = True, features: torch.Tensor | None = None, visible: torch.Tensor | None = None,
+               lengths: torch.Tensor | None = None):
     """The backbone over every anchor's block [x_a, MASK...] (the part every block recipe shares): block states
     [b, n, B, H] and the true tokens x_a .. x_{a+B-1+extra_labels} [b, n, B+extra_labels].
     normed=False: states before the final norm; features: the target's context features of ids, if known;
-    visible [b, n]: block positions < visible hold their real tokens (None: the anchor only, DFlash)."""
+    visible [b, n]: block positions < visible hold their real tokens (None: the anchor only, DFlash);
+    lengths [b, n]: each block's length (block_lengths; None: whole blocks)."""
     c, (b, seq_len), dev = drafter.config, ids.shape, ids.device
     block, n = c.block_size, anchors.shape[1]
     pos = (anchors[..., None] + torch.arange(block, device=dev)).view(b, -1)    # [b, nB]
@@ -127,7 +142,7 @@ def block_pass(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch
     if features is None:
         features = target_features(target, ids, c.target_layer_ids)
     hidden = drafter(embed(inputs.reshape(b, -1)), pos, drafter.project_context(features),
-                     torch.arange(seq_len, device=dev)[None].expand(b, -1), mask=block_mask(anchors, seq_len, block), normed=normed)
+                     torch.arange(seq_len, device=dev)[None].expand(b, -1), mask=block_mask(anchors, seq_len, block, lengths), normed=normed)
     return hidden.view(b, n, block, -1), tokens
 
 
@@ -136,10 +151,21 @@ def position_weights(n: int, gamma: float, device=None) -> torch.Tensor:
     return torch.exp(-torch.arange(n, device=device).float() / gamma)
 
 
-def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Cross entropy per draft position [.., D, V] weighted by `weights` [D], normalised by their sum."""
+def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross entropy per draft position [.., D, V] weighted by `weights` [D], normalised by their sum (per
+    block, over its `valid` [.., D] positions only when given)."""
     ce = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="none").view(labels.shape)
-    return (ce * weights).sum(-1).mean() / weights.sum()
+    return per_block(ce, weights, valid)
+
+
+def per_block(values: torch.Tensor, weights: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """The mean over blocks of `values` [.., D] weighted by `weights` [D] and normalised in each block (over
+    its `valid` positions, when given)."""
+    if valid is None:
+        return (values * weights).sum(-1).mean() / weights.sum()
+    w = weights * valid
+    return ((values * w).sum(-1) / w.sum(-1)).mean()
 
 
 def candidate_logits(target, hidden: torch.Tensor, labels: torch.Tensor, candidates: torch.Tensor | None):
@@ -171,21 +197,25 @@ def exporter(save, out_dir: Path, stream: torch.Tensor, target):
 
 def dflash_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, anchors: torch.Tensor, gamma: float,
                 features: torch.Tensor | None = None, candidates: torch.Tensor | None = None, soft: float = 0.0,
-                final: torch.Tensor | None = None):
+                final: torch.Tensor | None = None, lengths: torch.Tensor | None = None):
     """Position-weighted CE over every anchor's block (over `candidates` + the labels only, when given), mixed
     with the KL to the target's own law when soft > 0 (from its last-layer states `final`, else a forward);
-    also returns top-1 accuracy per block position (within that subset)."""
+    also returns top-1 accuracy per block position (within that subset). lengths [b, n]: blocks cut shorter
+    (block_lengths), scored over their own positions."""
     target_logits = None
     if soft and final is None:
         features, target_logits = target_pass(target, ids, drafter.config.target_layer_ids)
-    hidden, tokens = block_pass(drafter, target, ids, anchors, features=features)
+    hidden, tokens = block_pass(drafter, target, ids, anchors, features=features, lengths=lengths)
     logits, labels, subset = candidate_logits(target, hidden[:, :, 1:], tokens[..., 1:], candidates)  # [b, n, B-1, V']
     weights = position_weights(labels.shape[-1], gamma, labels.device)
-    loss = weighted_ce(logits, labels, weights)
+    valid = None if lengths is None else \
+        (torch.arange(1, labels.shape[-1] + 1, device=labels.device) < lengths[..., None]).float()
+    loss = weighted_ce(logits, labels, weights, valid)
     if soft:
         p = target_rows(target, anchors, labels.shape[-1], final=final, logits=target_logits, subset=subset)
-        loss = soft_mix(loss, logits, p, weights, soft)
-    acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
+        loss = soft_mix(loss, logits, p, weights, soft, valid)
+    hits = (logits.argmax(-1) == labels).float()
+    acc = hits.mean(dim=(0, 1)) if valid is None else (hits * valid).sum((0, 1)) / valid.sum((0, 1)).clamp(min=1)
     return loss, acc
 
 
@@ -272,11 +302,14 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
     def draw(g):
         batch = windows.draw(g)
         batch["anchors"] = sample_anchors(cfg.batch, cfg.seq_len, cfg.anchors, cfg.block_size, g, batch.pop("allowed"))
+        if cfg.short_blocks:
+            batch["lengths"] = block_lengths(cfg.batch, cfg.anchors, cfg.block_size, cfg.short_blocks, g)
         return batch
 
     def loss(part):
         value, acc = dflash_loss(drafter, target, part["ids"], part["anchors"], gamma, features=windows.features(part),
-                                 candidates=candidates, soft=cfg.soft, final=windows.final(part) if cfg.soft else None)
+                                 candidates=candidates, soft=cfg.soft, final=windows.final(part) if cfg.soft else None,
+                                 lengths=part.get("lengths"))
         return value, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=50)
