@@ -112,12 +112,13 @@ def test_training_raises_heldout_acceptance(tiny_model_dir, tmp_path):
     cont = tmp_path / "continued"
     args = ["dflash", "--target", str(target), "--init", str(out), "--data", str(out / "regenerated.pt"),
             "--data", str(data), "--out", str(cont), "--layers", "3", "--steps", "3", "--batch", "2",
-            "--seq-len", "64", "--anchors", "4", "--heldout-windows", "2"]
+            "--seq-len", "64", "--anchors", "4", "--heldout-windows", "2", "--draft-vocab", "7"]
     result = CliRunner().invoke(train, args)
     assert result.exit_code == 0, result.output
     assert "held-out loss" in result.output   # the kept-out windows are scored (here at the end)
     assert "saved to best/" in result.output and (cont / "best" / "config.json").exists()   # the best kept apart
     assert (cont / "best" / "draft_vocab.safetensors").exists()   # a whole published folder, its vocabulary too
+    assert len(load_vocab(cont)) == 7   # --draft-vocab: the stream's 7 most frequent
     assert json.loads((cont / "best" / "heldout.json").read_text())["loss"] > 0
     cfg = json.loads((cont / "config.json").read_text())
     assert cfg["block_size"] == 8 and cfg["num_hidden_layers"] == 1

@@ -13,6 +13,7 @@ DTYPE = "auto"          # any drafter's method: its compute precision; auto = 4-
 DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "q4")
 VOCAB = "auto"          # any drafter's method: the tokens its head scores; auto = the frequent tokens its drafter
 VOCABS = ("auto", "full")   #   ships (draft_vocab.safetensors) and the context's, else all; full = all (drafters/vocab.py)
+DRAFT_VOCAB = 8192      # frequent tokens `treegen train` lists beside a drafter it exports (--draft-vocab)
 DRAW_SHAPE = "tree"     # with `sample`, a tree method's drawn part: chain = the first draws' chain with its siblings;
 DRAW_SHAPES = ("chain", "tree")   # tree = every drawn node's children drawn too (drafters/drawn.py)
 TREE_DRAWS = 16         # the tree methods' default (docs/benchmarks.md: acceptance rose to 16 at T=1)

@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.matmul import product
+from . import defaults as D
 
 VOCAB_FILE = "draft_vocab.safetensors"
-DRAFT_VOCAB = 8192   # frequent tokens written with a trained drafter
+DRAFT_VOCAB = D.DRAFT_VOCAB
 
 
 def frequent_tokens(tokens: torch.Tensor, vocab: int, size: int = DRAFT_VOCAB) -> torch.Tensor:

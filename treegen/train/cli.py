@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..cli_errors import guarded
+from ..drafters.defaults import DRAFT_VOCAB
 from ..validate import shown
 from .guards import check_training_inputs, new_folder, stop_signals
 
@@ -121,6 +122,11 @@ SOFT = click.option("--soft", type=click.FloatRange(0, 1), default=0.0, show_def
                          "(from the feature cache's last-layer states when it keeps them, else a target forward).")
 
 
+VOCAB = click.option("--draft-vocab", type=click.IntRange(1, 1 << 20), default=DRAFT_VOCAB, show_default=True,
+                     help="Tokens listed beside the export (draft_vocab.safetensors, the data's most frequent): "
+                          "drafting scores its head over these and the context's only.")
+
+
 @train.command("dflash")
 @click.option("--target", required=True, help="Target model: hub id or folder (frozen during training).")
 @click.option("--data", "data", multiple=True, required=True, help="Text file, folder or JSONL of {'text':..}.")
@@ -146,6 +152,7 @@ SOFT = click.option("--soft", type=click.FloatRange(0, 1), default=0.0, show_def
               help="Train on N target-regenerated sequences.")
 @click.option("--heldout", "heldout", multiple=True, help="Held-out text for the final acceptance estimate.")
 @SOFT
+@VOCAB
 @click.option("--short-blocks", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Share of the blocks cut to a random shorter length (2 .. block size - 1), scored over their "
                    "own positions: drafting runs only as many block rows as a round's tree has depths.")
@@ -154,8 +161,8 @@ SOFT = click.option("--soft", type=click.FloatRange(0, 1), default=0.0, show_def
                    "the drafter with the lowest so far is also written to OUT/best.")
 @guarded
 def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_id, init, candidates,
-               init_from_target, gamma, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, soft, short_blocks,
-               heldout_windows, resume, feature_cache, seed, device, precision):
+               init_from_target, gamma, steps, minutes, batch, seq_len, anchors, lr, regen, heldout, soft, draft_vocab,
+               short_blocks, heldout_windows, resume, feature_cache, seed, device, precision):
     """Train a DFlash block-diffusion drafter for TARGET; writes z-lab's checkpoint layout to OUT.
 
     Ctrl-C or SIGTERM stops at the end of the current step, with a checkpoint that --resume continues."""
@@ -172,7 +179,7 @@ def dflash_cmd(target, data, out, layers, block_size, target_layers, mask_token_
     cfg = DFlashTrainConfig(num_layers=layers, block_size=block_size, target_layer_ids=ids, batch=batch,
                             seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
                             max_seconds=_budget(minutes), seed=seed, init_from_target=init_from_target,
-                            candidates=candidates, soft=soft, short_blocks=short_blocks,
+                            candidates=candidates, soft=soft, short_blocks=short_blocks, draft_vocab=draft_vocab,
                             heldout_windows=heldout_windows, gamma=gamma,
                             feature_cache=_folder(feature_cache), device=device, precision=precision)
     with stop_signals(), new_folder(out):
@@ -245,14 +252,15 @@ def target_cmd(tok_dir, data, out, steps, minutes, resume, device, precision):
               help="Output folder (published layout).")
 @loop_options(lr=1e-3)
 @SOFT
+@VOCAB
 @click.option("--heldout", "heldout", multiple=True, help="Held-out stream (.pt) or text: acceptance vs ddtree.")
 @click.option("--prompts", default=8, show_default=True, help="Held-out prompts for the acceptance estimate.")
 @click.option("--budgets", default="16,32,64", show_default=True, help="Tree budgets of the held-out comparison.")
 @click.option("--save-dtype", "save_dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32",
               show_default=True, help="Dtype of the exported checkpoint.")
 @guarded
-def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, anchors, lr, soft, heldout, prompts,
-                  budgets, save_dtype, resume, feature_cache, seed, device, precision):
+def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, anchors, lr, soft, draft_vocab, heldout,
+                  prompts, budgets, save_dtype, resume, feature_cache, seed, device, precision):
     """Train TreeFlash's SwiGLU head on a frozen DFlash backbone; writes TreeFlash's published layout to OUT."""
     from ..loading import DTYPES
     from .treeflash import TreeFlashTrainConfig
@@ -265,7 +273,7 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
     target, drafter = _shipped(target, "target"), _shipped(drafter, "drafter")
     cfg = TreeFlashTrainConfig(batch=batch, seq_len=seq_len, anchors=anchors, lr=lr, max_steps=steps,
                                max_seconds=_budget(minutes), soft=soft, seed=seed, feature_cache=_folder(feature_cache),
-                               device=device, precision=precision)
+                               device=device, precision=precision, draft_vocab=draft_vocab)
     with stop_signals():
         train_treeflash_pipeline(target, drafter, list(data), out, cfg, heldout=list(heldout), prompts=prompts,
                                  budgets=budget_list, save_dtype=DTYPES[save_dtype], resume=resume, log=_log)
@@ -289,17 +297,20 @@ def treeflash_cmd(target, drafter, data, out, steps, minutes, batch, seq_len, an
 @loop_options(lr=1e-3)
 @click.option("--decay", default=0.3, show_default=True, help="joint: lambda falls 1 -> 0 over this fraction.")
 @SOFT
+@VOCAB
 @click.option("--heldout", "heldout", multiple=True, help="Held-out stream (.pt) or text for the final comparison.")
 @guarded
 def domino_cmd(target, dflash_path, data, out, recipe, emb_dim, gru_dim, shift_label, prefix_len, steps, minutes,
-               batch, seq_len, anchors, lr, decay, soft, heldout, resume, feature_cache, seed, device, precision):
+               batch, seq_len, anchors, lr, decay, soft, draft_vocab, heldout, resume, feature_cache, seed, device,
+               precision):
     """Train Domino's GRU correction head on a DFlash drafter; writes Domino's published layout to OUT."""
     from .domino import DominoTrainConfig, train_domino_pipeline
 
     cfg = DominoTrainConfig(recipe=recipe, emb_dim=emb_dim, gru_hidden_dim=gru_dim, shift_label=shift_label,
                             pure_draft_prefix_len=prefix_len, batch=batch, seq_len=seq_len, anchors=anchors, lr=lr,
                             max_steps=steps, max_seconds=_budget(minutes), decay=decay, soft=soft, seed=seed,
-                            feature_cache=_folder(feature_cache), device=device, precision=precision)
+                            feature_cache=_folder(feature_cache), device=device, precision=precision,
+                            draft_vocab=draft_vocab)
     with stop_signals():
         train_domino_pipeline(_shipped(target, "target"), _shipped(dflash_path, "drafter"), list(data), out, cfg,
                               heldout=list(heldout), resume=resume, log=_log)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..drafters.defaults import DRAFT_VOCAB
 from .distributed import (
     PRECISIONS,
     DeviceError,
@@ -73,6 +74,7 @@ class LoopConfig:
     heldout_windows: int = 0          # the stream's last windows, never trained on, scored at every checkpoint
     device: str = "auto"              # auto: cuda (cuda:LOCAL_RANK under torchrun) when present, else the CPU
     precision: str = "auto"           # autocast's compute type (auto: bf16 where native); weights stay fp32
+    draft_vocab: int = DRAFT_VOCAB    # tokens the export lists for its head to score (drafters/vocab.py)
 
 
 def run_on(cfg) -> Runtime:

@@ -184,10 +184,10 @@ def frequent_tokens(stream: torch.Tensor, k: int) -> torch.Tensor:
     return vocab.frequent_tokens(stream, int(stream.max()) + 1, k).sort().values
 
 
-def exporter(save, out_dir: Path, stream: torch.Tensor, target):
+def exporter(save, out_dir: Path, stream: torch.Tensor, target, size: int = vocab.DRAFT_VOCAB):
     """on_checkpoint(): the drafter in its published layout (`save`), and beside it the tokens its head scores
-    when drafting (drafters/vocab.py: the stream's most frequent)."""
-    ids = vocab.frequent_tokens(stream, target.get_output_embeddings().out_features)
+    when drafting (drafters/vocab.py: the stream's `size` most frequent)."""
+    ids = vocab.frequent_tokens(stream, target.get_output_embeddings().out_features, size)
 
     def export(folder: Path = out_dir) -> None:
         save(folder)
@@ -313,7 +313,7 @@ def train_dflash(target, drafter: DFlashDrafter, stream: torch.Tensor, out_dir: 
         return value, f"acc@1 {acc[0]:.2f} acc@4 {acc[min(3, len(acc) - 1)]:.2f}"
 
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=50)
-    export = exporter(lambda folder: save_dflash(drafter, folder), out_dir, stream, target)
+    export = exporter(lambda folder: save_dflash(drafter, folder), out_dir, stream, target, cfg.draft_vocab)
     evaluate = None
     if cfg.heldout_windows and rt.main:
         evaluate = keeping_best(heldout_loss(drafter, target, windows.heldout(), cfg, gamma, candidates), export,

@@ -133,7 +133,8 @@ def train_domino(target, backbone: DFlashDrafter, head: DominoHead, stream: torc
 
     step, elapsed = fit(model, opt, sched, gen, ckpt, sharded(rt, draw, loss, cfg.batch * cfg.anchors * block),
                         resume=resume, ckpt_every=cfg.ckpt_every, rt=rt,
-                        on_checkpoint=exporter(lambda folder: save_domino(backbone, head, folder), out_dir, stream, target))
+                        on_checkpoint=exporter(lambda folder: save_domino(backbone, head, folder), out_dir, stream, target,
+                                               cfg.draft_vocab))
     backbone.eval()
     return step, elapsed
 

@@ -89,4 +89,5 @@ def train_treeflash(target, model: TreeFlashModel, stream: torch.Tensor, out_dir
     sched = Schedule(cfg.lr, cfg.max_steps, cfg.max_seconds, warmup=25)
     return fit(head, opt, sched, gen, out_dir / "train_state.pt", sharded(rt, draw, loss, cfg.batch * cfg.anchors * block),
                resume=resume, ckpt_every=cfg.ckpt_every, rt=rt,
-               on_checkpoint=exporter(lambda folder: save_treeflash(model, folder, save_dtype), out_dir, stream, target))
+               on_checkpoint=exporter(lambda folder: save_treeflash(model, folder, save_dtype), out_dir, stream, target,
+                                          cfg.draft_vocab))
