@@ -47,6 +47,17 @@ def test_a_greedy_generation_takes_the_free_cores(monkeypatch, two_threads):
         assert chosen == 2
 
 
+def test_only_drawn_drafts_keep_a_sampled_run_at_its_threads():
+    """At T > 0 verification draws every token from the target unless drafts were drawn from a drafter's laws
+    (`sample`): without those the tokens follow from the target's logits, so a busy machine's fewer threads
+    (the same logits) give the same tokens."""
+    from treegen.drafters import get_method
+
+    assert get_method("ddtree").draws_drafts({}) and get_method("dflash").draws_drafts({"sample": True})
+    assert not get_method("ddtree").draws_drafts({"budget": 2, "sample": False})
+    assert not get_method("ar").draws_drafts({}) and not get_method("pld").draws_drafts({})
+
+
 def test_greedy_tokens_are_the_same_with_one_thread_and_two(two_threads):
     from treegen.drafters import build_drafter
     from treegen.engine.generate import GenerationConfig, generate

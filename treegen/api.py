@@ -212,8 +212,9 @@ class Generator:
         decoder, stats, text = StreamDecoder(self.tokenizer), Stats(), ""
         watch = LoadWatch()
         try:
-            # fewer threads on a busy machine, the same tokens (greedy, or no drafter whose laws could move)
-            with self.thread_plan.fitting(temperature == 0 or not get_method(self.method).needs_drafter), watch:
+            # fewer threads on a busy machine, the same tokens (greedy, or no drafter laws whose bits could move)
+            covered = temperature == 0 or not get_method(self.method).draws_drafts(self.method_options)
+            with self.thread_plan.fitting(covered), watch:
                 yield from self._rounds(rounds, decoder, stats, text, stop, time.perf_counter())
         finally:
             rounds.close()  # a consumer that stops early (Ctrl-C, closed pipe) frees the cache now

@@ -39,6 +39,12 @@ class Method:
             options["vocab"] = D.VOCAB   # the tokens its head scores (drafters/vocab.py)
         return options
 
+    def draws_drafts(self, options: dict[str, Any]) -> bool:
+        """Whether, at T > 0, its drafts are drawn from a drafter model's laws (`sample`). Where they are not,
+        verification draws every token from the target alone (one uniform a row, as plain decoding), so the
+        tokens follow from the target's logits whatever was drafted."""
+        return self.needs_drafter and bool(options.get("sample", D.SAMPLE))
+
 
 def _ar(target, drafter_path):
     from .ar import ARDrafter

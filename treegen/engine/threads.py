@@ -1,9 +1,9 @@
 """How many threads a CPU run uses. OpenMP's threads wait for each other at every op; on a machine where other
 work holds cores, a thread that waits for a busy core stalls the rest (tens of times slower, not a little).
-A greedy generation, and a sampled one without a drafter model (plain decoding, prompt lookup), takes only
-the free cores, and only thread counts with which this model's logits were checked to be the same bits (the
-same command gives the same tokens every run, busy or not); --threads fixes the count; a sampled run with a
-drafter keeps it and says so on a busy machine."""
+A greedy generation, and a sampled one whose drafts are not drawn from a drafter model's laws (plain decoding,
+prompt lookup, `sample: false`), takes only the free cores, and only thread counts with which this model's
+logits were checked to be the same bits (the same command gives the same tokens every run, busy or not);
+--threads fixes the count; a sampled run drawing drafts keeps it and says so on a busy machine."""
 from __future__ import annotations
 
 import os
@@ -38,8 +38,8 @@ def choose(requested: int | None, device_type: str = "cpu") -> str | None:
     free, cores = free_cores()
     if free < torch.get_num_threads():
         return (f"other processes are using {cores - free} of {cores} cores: greedy runs and plain decoding take "
-                f"the free ones (the same tokens); a sampled run with a drafter keeps {torch.get_num_threads()} "
-                f"threads and may be many times slower (--threads {free} avoids the wait)")
+                f"the free ones (the same tokens); a sampled run drawing drafts from a drafter keeps "
+                f"{torch.get_num_threads()} threads and may be many times slower (--threads {free} avoids the wait)")
     return None
 
 
@@ -53,17 +53,18 @@ def candidate_counts(cores: int) -> tuple[int, ...]:
 
 class ThreadPlan:
     """The thread counts one run's generations may use where their tokens follow from the target's logits
-    alone (greedy, or sampled without a drafter model). `allowed` holds only counts with which this model's
-    logits were checked to be the same bits as with all of them (neutral_counts), so taking fewer threads when
-    other work holds cores changes the speed, never the tokens. Sampled generations with a drafter keep the
-    run's count: their drafts' laws come from the drafter, whose bits that check does not cover."""
+    alone (greedy, or sampled without drafts drawn from a drafter model's laws). `allowed` holds only counts
+    with which this model's logits were checked to be the same bits as with all of them (neutral_counts), so
+    taking fewer threads when other work holds cores changes the speed, never the tokens. Sampled generations
+    whose drafts are drawn keep the run's count: those laws come from the drafter, whose bits that check does
+    not cover."""
 
     def __init__(self, allowed: tuple[int, ...] = ()):
         self.allowed = tuple(sorted(allowed))
 
     @contextmanager
     def fitting(self, covered: bool):
-        """For one generation whose tokens the check covers (`covered`: greedy, or no drafter model): the most
+        """For one generation whose tokens the check covers (`covered`: greedy, or no drawn drafts): the most
         allowed threads that fit in the cores other processes leave free; else the run's count."""
         import torch
 
