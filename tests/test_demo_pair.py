@@ -44,6 +44,29 @@ def test_greedy_exact_on_demo(demo, method):
         assert accepted > 0  # a trained drafter: verification really took drafted tokens
 
 
+@pytest.mark.parametrize("method", ["dflash", "ddtree", "treeflash"])
+def test_sampled_tokens_with_deterministic_drafts_are_plain_decodings(demo, method):
+    """At T > 0 with drafts that are not drawn (`sample: false`), verification draws each token from the target
+    with one uniform a row, as plain decoding does: the same seed gives plain decoding's tokens, whatever was
+    drafted (what lets such a run take fewer threads on a busy machine: engine/threads.py)."""
+    from treegen.assets import local_or_shipped
+    from treegen.engine.sampling import Sampler
+
+    model, tok = demo
+    path = local_or_shipped("demo/treeflash", "drafter") if method == "treeflash" else str(DEMO_DRAFTER)
+    drafter = build_drafter(method, model, path, {"sample": False} | ({} if method == "dflash" else {"budget": 8}))
+    plain = build_drafter("ar", model, None)
+    accepted = 0
+    for seed, text in enumerate(PROMPTS):
+        prompt = torch.tensor(tok(text)["input_ids"])
+        config = GenerationConfig(40, sampler=Sampler(temperature=0.8), seed=seed)
+        rounds = list(generate(model, drafter, prompt, config))
+        ref = [t for r in generate(model, plain, prompt, config) for t in r.tokens]
+        assert [t for r in rounds for t in r.tokens] == ref, (method, text)
+        accepted += sum(r.accepted for r in rounds)
+    assert accepted > 0
+
+
 def test_fresh_complete_prints_code_offline():
     """`echo 'def fib(n):' | treegen complete -n 64`, as a new user types it."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin", "TREEGEN_PAIR": "demo"}
