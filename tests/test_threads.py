@@ -36,7 +36,7 @@ def test_a_count_whose_bits_differ_is_not_allowed(tmp_path, monkeypatch, two_thr
 
 
 def test_a_greedy_generation_takes_the_free_cores(monkeypatch, two_threads):
-    monkeypatch.setattr(threads, "free_cores", lambda seconds=0.2: (1, 2))
+    monkeypatch.setattr(threads, "free_cores", lambda seconds=0.2, busy=None: (1, 2))
     plan = threads.ThreadPlan((1, 2))
     with plan.fitting(True) as chosen:
         assert chosen == 1 and torch.get_num_threads() == 1
@@ -82,9 +82,31 @@ def test_the_demo_pair_on_a_busy_machine_gives_the_quiet_tokens(monkeypatch, tmp
     assert gen.thread_plan.allowed == (1, 2)
     quiet = gen.generate("def parse(line):\n    ", max_new_tokens=40).token_ids
     seen = []
-    monkeypatch.setattr(threads, "free_cores", lambda seconds=0.2: (1, 2))
+    monkeypatch.setattr(threads, "free_cores", lambda seconds=0.2, busy=None: (1, 2))
     for chunk in gen.stream("def parse(line):\n    ", max_new_tokens=40):
         seen.append(torch.get_num_threads())
     assert set(seen) == {1} and torch.get_num_threads() == 2
     assert gen.generate("def parse(line):\n    ", max_new_tokens=40).token_ids == quiet
     assert Generator(method="ar", adapt_threads=False).thread_plan.allowed == ()
+
+
+def test_a_chat_message_reads_the_load_sampled_while_it_waited(monkeypatch, two_threads):
+    """Between generations /proc is read in the background, so the next generation takes its thread count from
+    that window at once; the first (or one right after another) waits out one sample."""
+    import time
+
+    from treegen.engine import disk
+
+    clock = {"total": 0.0}
+    monkeypatch.setattr(disk, "cpu_seconds", lambda: (clock["total"], 0.0))
+    waited = []
+    monkeypatch.setattr(disk, "busy_cores", lambda seconds=0.2: waited.append(seconds) or 0.0)
+    plan = threads.ThreadPlan((1, 2))
+    with plan.fitting(True) as chosen:
+        assert chosen == 2 and waited == [threads.GENERATION_SAMPLE]   # nothing kept yet: one sample waited out
+    time.sleep(4 * threads.GENERATION_SAMPLE)   # the chat waits for its user
+    clock["total"] = 1e6       # and now another process holds every core
+    with plan.fitting(True) as chosen:
+        assert chosen == 1 and len(waited) == 1   # the background window saw it; nothing waited
+    with plan.fitting(True):
+        assert len(waited) == 2   # right after a generation no window is kept yet: a sample

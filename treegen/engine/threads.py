@@ -7,19 +7,22 @@ logits were checked to be the same bits (the same command gives the same tokens 
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections import deque
 from contextlib import contextmanager
 
 from . import disk
 
 
-def free_cores(seconds: float = 0.2) -> tuple[int, int]:
+def free_cores(seconds: float = 0.2, busy: float | None = None) -> tuple[int, int]:
     """(cores other processes leave free now, at least one; cores this process may use), from a sample of
-    `seconds`."""
+    `seconds` (or the cores `busy` already measured)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    busy = disk.busy_cores(seconds)
+    busy = disk.busy_cores(seconds) if busy is None else busy
     if busy <= disk.BUSY_SHARE * cores:   # a passing blip, not a held core
         return cores, cores
     return max(1, min(cores, round(cores - busy))), cores
@@ -43,7 +46,46 @@ def choose(requested: int | None, device_type: str = "cpu") -> str | None:
     return None
 
 
-GENERATION_SAMPLE = 0.05   # seconds of /proc sampling before each greedy generation (a chat message waits it)
+GENERATION_SAMPLE = 0.05   # seconds of /proc a generation's thread count reads (waited for where none is kept)
+
+
+class LoadMonitor:
+    """Other processes' CPU use, read from /proc in the background while no generation runs (a chat waiting for
+    its user), so that the next generation finds a recent window of GENERATION_SAMPLE seconds instead of waiting
+    one out. Paused while a generation runs: it never wakes among the generation's threads."""
+
+    def __init__(self, period: float = GENERATION_SAMPLE):
+        self.period = period
+        self.readings: deque = deque(maxlen=4)   # (perf_counter, disk.cpu_seconds()) every period, newest last
+        self.idle = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def busy_cores(self) -> float:
+        """Cores other processes kept busy over the latest window of one to two periods; a blocking sample of a
+        period where none is kept (the first generation, or one right after another)."""
+        now_t, now = time.perf_counter(), disk.cpu_seconds()
+        for t, reading in reversed(self.readings):
+            if now_t - t >= self.period:
+                if reading is None or now is None:
+                    return 0.0
+                return max((now[0] - reading[0]) - (now[1] - reading[1]), 0.0) / (now_t - t)
+        return disk.busy_cores(self.period)
+
+    def pause(self) -> None:
+        self.idle.clear()
+        self.readings.clear()   # the next window starts after this generation: the load then, not during it
+
+    def resume(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._sample, name="treegen-load", daemon=True)
+            self.thread.start()
+        self.idle.set()
+
+    def _sample(self) -> None:
+        while True:
+            self.idle.wait()
+            self.readings.append((time.perf_counter(), disk.cpu_seconds()))
+            time.sleep(self.period)
 
 
 def candidate_counts(cores: int) -> tuple[int, ...]:
@@ -61,6 +103,7 @@ class ThreadPlan:
 
     def __init__(self, allowed: tuple[int, ...] = ()):
         self.allowed = tuple(sorted(allowed))
+        self.load = LoadMonitor()
 
     @contextmanager
     def fitting(self, covered: bool):
@@ -73,13 +116,15 @@ class ThreadPlan:
         if not covered or len(fitting) < 2:
             yield before
             return
-        free, _ = free_cores(GENERATION_SAMPLE)
+        free, _ = free_cores(busy=self.load.busy_cores())
+        self.load.pause()
         chosen = max([t for t in fitting if t <= free] or [min(fitting)])
         torch.set_num_threads(chosen)
         try:
             yield chosen
         finally:
             torch.set_num_threads(before)
+            self.load.resume()
 
 
 def neutral_counts(model, prompt_rows: int = 48, steps: int = 6, tree_rows: int = 16) -> tuple[int, ...]:
