@@ -60,6 +60,19 @@ def test_every_smollm2_preset_equals_greedy_generate(name, base, reference):
         assert got.token_ids[:len(expected)] == expected, name
 
 
+def test_the_default_at_t_above_zero_gives_plain_decodings_tokens(base, reference):
+    """The pair's default (smollm2-ddtree-small: deterministic drafts) at T = 0.7 with a seed gives plain
+    decoding's tokens for that seed, in the weights and kernels a user gets (q4 here): verification draws each
+    token from the target with one uniform a row, as plain decoding does."""
+    from treegen.policy import BLOCK_PRESETS
+
+    preset = presets_mod.load(BLOCK_PRESETS["smollm2"][0])
+    gen = base.with_method(preset.method, preset.drafter, dict(preset.method_options))
+    for seed, (ids, _) in enumerate(reference.values()):
+        want = base.generate(ids, max_new_tokens=N, temperature=0.7, seed=seed).token_ids
+        assert gen.generate(ids, max_new_tokens=N, temperature=0.7, seed=seed).token_ids == want
+
+
 def test_the_tokenizer_has_its_chat_template_and_end_of_turn(base):
     from treegen.chat import ChatFormat
     from treegen.loading import eos_ids
