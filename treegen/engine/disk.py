@@ -75,6 +75,13 @@ def cpu_seconds() -> tuple[float, float] | None:
         return None
 
 
+def other_seconds(start: tuple[float, float] | None, end: tuple[float, float] | None) -> float:
+    """CPU seconds other processes used between two cpu_seconds() readings (0 where either is missing)."""
+    if start is None or end is None:
+        return 0.0
+    return max((end[0] - start[0]) - (end[1] - start[1]), 0.0)
+
+
 class LoadWatch:
     """Other processes' share of the machine's CPU while a block runs (Linux /proc; 0 elsewhere)."""
 
@@ -83,12 +90,8 @@ class LoadWatch:
         return self
 
     def __exit__(self, *exc) -> None:
-        end = cpu_seconds()
-        if self.start is None or end is None:
-            return
         wall = max(time.perf_counter() - self.t0, MIN_WINDOW)
-        others = (end[0] - self.start[0]) - (end[1] - self.start[1])
-        self.share = max(others, 0.0) / (wall * (os.cpu_count() or 1))
+        self.share = other_seconds(self.start, cpu_seconds()) / (wall * (os.cpu_count() or 1))
 
     @property
     def busy(self) -> bool:
@@ -138,7 +141,4 @@ def busy_cores(seconds: float = 0.2) -> float:
     """Cores other processes keep busy now (a short sample; 0 where there is no /proc)."""
     start = cpu_seconds()
     time.sleep(seconds)
-    end = cpu_seconds()
-    if start is None or end is None:
-        return 0.0
-    return max((end[0] - start[0]) - (end[1] - start[1]), 0.0) / seconds
+    return other_seconds(start, cpu_seconds()) / seconds

@@ -80,16 +80,20 @@ def softmax_draw(logits: torch.Tensor, temperature: float, generator: torch.Gene
     rows = logits.reshape(-1, logits.shape[-1])
     if u is None:
         u = torch.rand(rows.shape[0], 1, generator=generator, device=rows.device, dtype=torch.float64)
+
+    def reference(x: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+        return draw(torch.softmax(x.float() / temperature, dim=-1), u=uniforms)
+
     lib = kernels.select_library() if rows.device.type == "cpu" else None
     if lib is None or rows.dtype not in (torch.bfloat16, torch.float32) or rows.stride(-1) != 1 \
             or rows.shape[-1] == 0:
-        return draw(torch.softmax(rows.float() / temperature, dim=-1), u=u).view(logits.shape[:-1])
+        return reference(rows, u).view(logits.shape[:-1])
     out = torch.empty(rows.shape[0], dtype=torch.long)
     blocks = torch.empty(-(-rows.shape[1] // 16), dtype=torch.float32)
     if lib.sample_rows(rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0),
                        int(rows.dtype == torch.bfloat16), temperature, u.data_ptr(), blocks.data_ptr(), out.data_ptr()):
         undecided = out < 0
-        out[undecided] = draw(torch.softmax(rows[undecided].float() / temperature, dim=-1), u=u[undecided])
+        out[undecided] = reference(rows[undecided], u[undecided])
     return out.view(logits.shape[:-1])
 
 

@@ -66,9 +66,7 @@ class LoadMonitor:
         now_t, now = time.perf_counter(), disk.cpu_seconds()
         for t, reading in reversed(self.readings):
             if now_t - t >= self.period:
-                if reading is None or now is None:
-                    return 0.0
-                return max((now[0] - reading[0]) - (now[1] - reading[1]), 0.0) / (now_t - t)
+                return disk.other_seconds(reading, now) / (now_t - t)
         return disk.busy_cores(self.period)
 
     def pause(self) -> None:

@@ -106,7 +106,7 @@ def block_lengths(batch: int, n: int, block: int, share: float, gen: torch.Gener
     Drafting runs only as many block rows as a round's tree has depths (drafters/dflash.py: a two-node tree
     runs three), so a drafter that also learns short blocks drafts them as it was trained."""
     cut = torch.rand(batch, n, generator=gen) < share
-    return torch.where(cut, torch.randint(2, max(block, 3), (batch, n), generator=gen), block).clamp(max=block)
+    return torch.where(cut, torch.randint(2, max(block, 3), (batch, n), generator=gen), block)
 
 
 def block_mask(anchors: torch.Tensor, seq_len: int, block: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
