@@ -14,11 +14,18 @@ import torch
 
 from ..engine.tree import DraftTree
 
+SMALL = 256   # entries a table may have to be read as host lists (a DDTree round's few depths x top-k)
+
 
 def host_tables(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor):
-    """The three tables as one host array, in one device-to-host copy (ids < 2**24 are exact in fp32); read
-    entry by entry, since the walk touches a few rows of many (a full tolist() cost more than the walk)."""
-    return torch.stack([logp.float(), tokens.float(), links.float()]).detach().cpu().numpy()
+    """The three tables flattened on the host, in one device-to-host copy (ids < 2**24 are exact in fp32), read
+    entry by entry: large ones as arrays, since the walk touches a few rows of many (a full tolist() cost
+    more than the walk); small ones as lists, which index faster and cost less to make."""
+    tables = torch.stack([logp.float(), tokens.float(), links.float()]).detach().cpu().flatten(1)
+    if logp.numel() > SMALL:
+        return tuple(tables.numpy())
+    lp, tok, link = tables.tolist()
+    return lp, [int(t) for t in tok], [int(t) for t in link]
 
 
 def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, budget: int) -> DraftTree:
@@ -29,26 +36,27 @@ def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, bu
     come in order of score, so the result is exactly the top-`budget` prefixes; a prefix of log-prob -inf
     (a token the drafter's head does not score) is never one, so fewer may come back.
     """
-    depth_n, _, k = logp.shape
+    depth_n, rows, k = logp.shape
     lp, tok, link = host_tables(logp, tokens, links)
-    heap = [(-float(lp[0, 0, 0]), 0, 0, 0, -1, 0.0)]  # (-score, depth, row, rank, parent node, parent score)
+    at = lambda d, r, rank: (d * rows + r) * k + rank   # the flat tables' index of an entry
+    heap = [(-float(lp[0]), 0, 0, 0, -1, 0.0)]  # (-score, depth, row, rank, parent node, parent score)
     out_tok, out_par, out_depth, out_score = [], [], [], []
     while heap and len(out_tok) < budget:
         neg, d, r, rank, parent, base = heapq.heappop(heap)
         if neg == float("inf"):   # popped in order of score: every node left is impossible too
             break
-        node = len(out_tok)
-        out_tok.append(int(tok[d, r, rank])), out_par.append(parent), out_depth.append(d + 1), out_score.append(-neg)
+        node, here = len(out_tok), at(d, r, rank)
+        out_tok.append(int(tok[here])), out_par.append(parent), out_depth.append(d + 1), out_score.append(-neg)
         if rank + 1 < k:
-            heapq.heappush(heap, (-(base + float(lp[d, r, rank + 1])), d, r, rank + 1, parent, base))
-        nxt = int(link[d, r, rank])
+            heapq.heappush(heap, (-(base + float(lp[here + 1])), d, r, rank + 1, parent, base))
+        nxt = int(link[here])
         if d + 1 < depth_n and nxt >= 0:
-            heapq.heappush(heap, (neg - float(lp[d + 1, nxt, 0]), d + 1, nxt, 0, node, -neg))
+            heapq.heappush(heap, (neg - float(lp[at(d + 1, nxt, 0)]), d + 1, nxt, 0, node, -neg))
     dev = logp.device
     if not out_tok:
         return DraftTree.empty(dev)
-    return DraftTree(torch.tensor(out_tok, device=dev), torch.tensor(out_par, device=dev),
-                     torch.tensor(out_depth, device=dev), torch.tensor(out_score, device=dev))
+    tokens, parents, depths = torch.tensor([out_tok, out_par, out_depth], device=dev)   # one host-to-device copy
+    return DraftTree(tokens, parents, depths, torch.tensor(out_score, device=dev))
 
 
 def marginal_tree(logp: torch.Tensor, tokens: torch.Tensor, budget: int) -> DraftTree:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import torch
 
 from ..engine.drafter import BuildClock
-from ..engine.matmul import tune_linears
+from ..engine.matmul import BLOCKS, tune_linears
 from ..engine.prefill import input_device
+from ..engine.q4 import Q8Weight
 from ..engine.tree import DraftTree
 from ..models.checkpoint import check_fits, load_dflash
-from ..models.dflash import ContextKV, DFlashDrafter
+from ..models.dflash import ContextKV, DFlashDrafter, block_rows
 from .base import DraftState, Drawing, sampled_chain
 from .precision import embedding_on, float_dtype, head_on, plain_head, product_form, readable_head
 from .vocab import DraftHead, Scores
+
+_UNRESOLVED = object()
 
 
 class DFlashBlock:
@@ -27,6 +30,8 @@ class DFlashBlock:
         self.pending: torch.Tensor | None = None  # target features not yet projected into the cache
         self.vocab: DraftHead | None = None       # the head over a subset of the vocabulary (drafters/vocab.py)
         self.form = "float"                       # its products' form (engine/matmul.product)
+        self._pass = _UNRESOLVED                  # compiled_pass() of this generation
+        self._like: torch.Tensor | None = None    # the drafter's cache dtype and shape, for the compiled pass
 
     @property
     def target_layer_ids(self) -> tuple[int, ...]:
@@ -54,16 +59,19 @@ class DFlashBlock:
             self.lm_head = head_on(self.lm_head, self.device, dtype, self.embed.weight if tied else None)
         tune_linears(self.model, self.lm_head, form=self.form)
         self.model.quantize_products(self.form)
+        self._pass = _UNRESOLVED
 
     def restrict(self, frequent: torch.Tensor) -> None:
         """Score only the frequent tokens and the context's (after cast: the head it wraps is the cast one).
         A head that is not a plain Linear (a quantized module kept as the target's own) scores them all."""
         if plain_head(self.lm_head):
             self.lm_head = self.vocab = DraftHead(self.lm_head, frequent, self.form)
+            self._pass = _UNRESOLVED
 
     def begin(self, features: torch.Tensor, prompt: torch.Tensor | None = None) -> None:
         self.cache = ContextKV(self.model.config.num_hidden_layers)
         self.pending = features
+        self._pass = _UNRESOLVED   # weights may have changed since the last generation (a cast, training)
         if self.vocab is not None and prompt is not None:   # d2sd's second drafter shares the first's head
             self.vocab.reset()
             self.vocab.admit(prompt)
@@ -113,7 +121,53 @@ class DFlashBlock:
 
     def marginal(self, anchor: int, depth: int) -> Scores:
         """Scores of block positions 1..depth, each conditioned on the context only."""
+        logits = self.compiled_marginal(anchor, depth)
+        if logits is not None:
+            return Scores(logits, self.vocab.ids, self.vocab.kept.shape[0])
         return self.scores(self.hidden(anchor, length=depth + 1)[1:1 + depth])
+
+    def compiled_marginal(self, anchor: int, depth: int) -> torch.Tensor | None:
+        """marginal()'s fp32 logits from one compiled call (fused.FusedStack.draft: context projection, stack,
+        head) where it serves, else None. The same steps as hidden() then scores(), so the same bits but for
+        the context tokens' extra head rows (tests/test_draft_pass.py)."""
+        drafting = self.compiled_pass()
+        if drafting is None:
+            return None
+        stack, context_in = drafting
+        rows = max(1, min(depth + 1, self.block_size))
+        new, past = self.pending, self.cache.length
+        c = 0 if new is None else new.shape[0]
+        if c:
+            new = new.to(dtype=torch.bfloat16)
+        cos, sin = self.model.rotary.table(torch.bfloat16).upto(past + c + rows)
+        keys, values = self.cache.buffers(c + rows, self._like)
+        own, count = block_rows(rows)
+        logits = stack.draft(keys, values, past, cos[past:], sin[past:], own, count, new if c else None,
+                             context_in, anchor, rows, self.vocab.product.packed, self.vocab.extra_rows)
+        self.cache.advance(c)
+        self.pending = None
+        return logits
+
+    def compiled_pass(self) -> tuple | None:
+        """(the compiled stack, what its drafting pass reads) for this generation, resolved on its first round:
+        drafting on a CPU in 4-bit blocks (the stack's and the head's forms, drafters/precision.py) with a
+        restricted vocabulary (drafters/vocab.py); None elsewhere, and with autograd on (training)."""
+        if self._pass is not _UNRESOLVED or torch.is_grad_enabled():
+            return None if torch.is_grad_enabled() else self._pass
+        self._pass = None
+        embed = self.embed.weight
+        if (self.vocab is None or type(self.vocab.product) is not Q8Weight or self.form != BLOCKS
+                or self.device.type != "cpu" or embed.dtype != torch.bfloat16
+                or embed.device.type != "cpu" or not embed.is_contiguous()
+                or self.vocab.extra_rows.dtype != torch.bfloat16):
+            return None
+        c = self.model.config
+        probe = embed.new_empty(1, 1, c.hidden_size)
+        stack = self.model.compiled_stack(probe) if self.model.lean_usable(probe) else None
+        if stack is not None:
+            self._like = embed.new_empty(1, c.num_key_value_heads, 0, c.head_dim)
+            self._pass = (stack, self.model.context_in(embed.detach()))
+        return self._pass
 
     def marginal_logits(self, anchor: int, depth: int) -> torch.Tensor:
         """[depth, V] logits of the marginal, -inf for the tokens the head does not score."""

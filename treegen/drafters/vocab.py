@@ -96,6 +96,8 @@ class DraftHead(torch.nn.Module):
         self.extra = self.frequent.new_zeros(0)
         self.extra_rows = weight.new_zeros(0, weight.shape[1])
         self.ids = self.frequent   # the columns of scores(): the frequent tokens, then the context's others
+        self.frequent_ids = frozenset(self.frequent.tolist())
+        self.known = set(self.frequent_ids)   # kept's ids on the host: a round's few tokens are checked there
 
     @property
     def weight(self) -> torch.Tensor:
@@ -107,12 +109,16 @@ class DraftHead(torch.nn.Module):
         self.extra = self.frequent.new_zeros(0)
         self.extra_rows = self.extra_rows[:0]
         self.ids = self.frequent
+        self.known = set(self.frequent_ids)
 
     def admit(self, tokens: torch.Tensor) -> None:
         """Make the context's tokens (ids [n] or a list) draftable."""
+        if isinstance(tokens, list) and all(t in self.known for t in tokens):
+            return   # a round's committed tokens, all kept already: no device work
         tokens = torch.as_tensor(tokens, dtype=torch.long).flatten().to(self.kept.device)
         new = tokens[~self.kept[tokens]].unique()
         if len(new):
+            self.known.update(new.tolist())
             self.kept[new] = True
             self.extra = torch.cat([self.extra, new])
             self.extra_rows = torch.cat([self.extra_rows, self.full.weight.detach().index_select(0, new)])

@@ -6,7 +6,8 @@ products (views, splits, allocations, ctypes calls). The compiled stack makes th
 forward. Every step computes each row alone in a fixed order, so a row's bits are the same whether the forward
 carries it alone or inside a tree (tests/test_fused.py; tests/test_row_invariance.py covers the engine's use).
 Two users: the target's verify forward (engine/fast_decoder.py) and the DFlash drafter's pass
-(models/dflash.py), whose new context rows only add keys and values.
+(models/dflash.py), whose new context rows only add keys and values; for drafting, `draft` also makes those
+rows from the target's features and scores the block with the head in the same call (drafters/dflash.py).
 """
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ class FusedStack:
                 assert tensor is None or (tensor.dtype == form and tensor.is_contiguous())
                 setattr(row, name, None if tensor is None else tensor.data_ptr())
         self.kernel = kernels.decoder_library().decoder_bf16
+        self.drafting = kernels.decoder_library().draft_bf16
         self.hidden = hidden
 
     def __call__(self, x: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], past: int,
@@ -104,6 +106,42 @@ class FusedStack:
                     None if kept is None else _ptr(kept.data_ptr()), _ptr(out.data_ptr()), _ptr(cos.data_ptr()),
                     _ptr(sin.data_ptr()), _ptr(own.data_ptr()), _ptr(count.data_ptr()), _i64(own.shape[1]))
         return out, kept
+
+    def draft(self, keys: list[torch.Tensor], values: list[torch.Tensor], past: int, cos: torch.Tensor,
+              sin: torch.Tensor, own: torch.Tensor, count: torch.Tensor, context: torch.Tensor | None,
+              context_in: ContextIn, anchor: int, rows: int, head: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        """A DFlash drafting pass in one call (row_decoder.c's draft_bf16): context [c, k*H] target features
+        (their keys and values written at past..), the block [anchor, mask...] of `rows` rows, then the head
+        (Q8_0 blocks [groups, blocks, bytes]) and `extra` bf16 rows [e, H] over rows 1.. -> fp32 logits
+        [rows - 1, head outputs + e]. cos / sin: the table's rows from position `past` on."""
+        c = 0 if context is None else context.shape[0]
+        if c:
+            context = context.contiguous()
+        for row, k, v in zip(self.table, keys, values):
+            row.keys, row.values, row.kv_stride = k.data_ptr(), v.data_ptr(), k.stride(1)
+        self.shape.threads = torch.get_num_threads()
+        head_n = head.shape[0] * 32
+        logits = torch.empty(rows - 1, head_n + extra.shape[0])
+        fc, norm, embed = context_in.fc, context_in.norm, context_in.embed
+        self.drafting(ctypes.byref(self.shape), _i64(len(self.layers)), self.table, _ptr(self.final_norm.data_ptr()),
+                      _i64(past), _i64(c), None if not c else _ptr(context.data_ptr()),
+                      _i64(0 if not c else context.shape[1]), _ptr(fc.data_ptr()), _ptr(norm.data_ptr()),
+                      _ptr(embed.data_ptr()), _i64(anchor), _i64(context_in.mask_id), _i64(rows),
+                      _ptr(cos.data_ptr()), _ptr(sin.data_ptr()), _ptr(own.data_ptr()), _ptr(count.data_ptr()),
+                      _i64(own.shape[1]), _ptr(head.data_ptr()), _i64(head_n),
+                      None if not len(extra) else _ptr(extra.data_ptr()), _i64(extra.shape[0]),
+                      _ptr(logits.data_ptr()))
+        return logits
+
+
+@dataclass(frozen=True)
+class ContextIn:
+    """What a DFlash drafting pass reads besides its stack: fc laid out as the stack's products, the hidden
+    norm over its output, the token embedding table [V, H] bf16 and the mask token's id."""
+    fc: torch.Tensor
+    norm: torch.Tensor
+    embed: torch.Tensor
+    mask_id: int
 
 
 def buffers_fit(keys: list[torch.Tensor], values: list[torch.Tensor], kv_heads: int, dim: int) -> bool:

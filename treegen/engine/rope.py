@@ -28,6 +28,12 @@ class RopeTable:
             self.grow(need)
         return self.cos[positions], self.sin[positions]
 
+    def upto(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole (cos, sin) tables [>= end, head_dim], position p at row p."""
+        if end > self.cos.shape[0]:
+            self.grow(end)
+        return self.cos, self.sin
+
     def grow(self, need: int) -> None:
         start, end = self.cos.shape[0], max(need, 2 * self.cos.shape[0])
         cos, sin = [self.cos], [self.sin]

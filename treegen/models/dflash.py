@@ -82,12 +82,16 @@ class Rotary(nn.Module):
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
         if positions.device.type == "cpu" and not torch.is_grad_enabled():
-            table = self.tables.get(dtype)
-            if table is None:
-                table = self.tables[dtype] = RopeTable(self.inv_freq, dtype)
-            return tuple(t[:, None] for t in table(positions))
+            return tuple(t[:, None] for t in self.table(dtype)(positions))
         emb = per_forward(positions, self.inv_freq)[:, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def table(self, dtype: torch.dtype) -> RopeTable:
+        """Drafting's cos / sin table in `dtype` on the CPU."""
+        table = self.tables.get(dtype)
+        if table is None:
+            table = self.tables[dtype] = RopeTable(self.inv_freq, dtype)
+        return table
 
 
 def rope(x: torch.Tensor, cos_sin) -> torch.Tensor:
@@ -246,6 +250,7 @@ class Attention(nn.Module):
 
 
 @functools.cache
+@functools.cache   # read only: drafting asks for the same few sizes every round
 def block_rows(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The compiled attention's per-row key lists for a block that sees itself whole: every row, rows 0..n-1."""
     return torch.arange(n).repeat(n, 1).contiguous(), torch.full((n,), n, dtype=torch.long)
@@ -291,6 +296,7 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config.head_dim, config.rope_theta)
         self._stack: fused.FusedStack | None = None   # compiled_stack(), laid out for these weights' versions
+        self._stack_fc: torch.Tensor | None = None     # fc in the stack's layout, made with it
         self._stack_version: tuple | None = None
         self._params: list[nn.Parameter] | None = None
 
@@ -358,12 +364,17 @@ class DFlashDrafter(nn.Module):
                     pack(attn.o_proj.weight), layer.post_attention_layernorm.weight.detach(),
                     pack(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])), pack(mlp.down_proj.weight),
                     attn.q_norm.weight.detach(), attn.k_norm.weight.detach()))
+            self._stack_fc = pack(self.fc.weight)   # the drafting pass's context projection (fused.FusedStack.draft)
             self._stack = fused.FusedStack(layers, self.norm.weight.detach(), hidden=c.hidden_size,
                                            heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
                                            dim=c.head_dim, inter=c.intermediate_size, eps=c.rms_norm_eps,
                                            scale=c.head_dim ** -0.5)
             self._stack_version = version
         return self._stack
+
+    def context_in(self, embed: torch.Tensor) -> fused.ContextIn:
+        """What the compiled stack's drafting pass reads besides the layers (after compiled_stack())."""
+        return fused.ContextIn(self._stack_fc, self.hidden_norm.weight.detach(), embed, self.config.mask_token_id)
 
     def lean_pass(self, block, block_pos, ctx, ctx_pos, cache: ContextKV, normed: bool) -> torch.Tensor:
         """forward() for drafting (lean_usable): Attention.lean per layer. Drafts only propose, so its bits
