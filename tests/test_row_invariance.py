@@ -193,3 +193,16 @@ def test_compiled_norm_and_rotary_agree_with_torch_up_to_rounding(dtype):
                                rtol=tol, atol=tol)
     alone = torch.cat([kernels.rms_norm(x[:, i:i + 1], weight, 1e-6) for i in range(5)], dim=1)
     assert torch.equal(alone, kernels.rms_norm(x, weight, 1e-6))   # each row alone
+
+
+def test_a_small_trees_order_from_its_shape_table_is_the_masks():
+    """tree_order takes a small tree's order from a table by its shape: what the mask itself gives."""
+    gen = torch.Generator().manual_seed(3)
+    for n in [0, 1, 2, 5, 20, 31, 40] * 3:
+        parents = [int(torch.randint(-1, i, (), generator=gen)) for i in range(n)]
+        tree = DraftTree(torch.randint(0, 99, (n,), generator=gen), torch.tensor(parents, dtype=torch.long))
+        _, _, mask = verification_inputs(7, tree, int(torch.randint(0, 300, (), generator=gen)), torch.bfloat16)
+        seen = mask[0, 0, :, -(n + 1):] == 0
+        own, valid = invariant.ancestors_in_order(seen)
+        for got, want in zip(invariant.tree_order(mask), (seen, own, valid.sum(1))):
+            assert torch.equal(got, want)

@@ -121,11 +121,28 @@ def invariant_kernels(dtype: torch.dtype, groups: int, dim: int, threads: int) -
 
 def tree_order(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """From the engine's additive mask [1, 1, n, past + n]: which rows each row sees, and each row's
-    ancestors then itself in depth order with their count (the same for every layer of a forward)."""
+    ancestors then itself in depth order with their count (the same for every layer of a forward). A small
+    tree's comes from a table by its shape: rounds repeat a few shapes, and this runs before every forward."""
     n = mask.shape[2]
     seen = mask[0, 0, :, mask.shape[3] - n:] == 0
+    if n > SHAPES_ROWS or seen.device.type != "cpu":
+        return seen, *_order(seen)
+    return _order_of_shape(n, seen.numpy().tobytes())
+
+
+SHAPES_ROWS = 32   # trees this small take their order from _order_of_shape
+
+
+def _order(seen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     own, valid = ancestors_in_order(seen)
-    return seen, own, valid.sum(1)
+    return own, valid.sum(1)
+
+
+@functools.lru_cache(maxsize=256)
+def _order_of_shape(n: int, shape: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tree_order for seen [n, n] given as its bytes (read only: every forward of that shape shares them)."""
+    seen = torch.frombuffer(bytearray(shape), dtype=torch.bool).view(n, n)
+    return seen, *_order(seen)
 
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, order, scale: float) -> torch.Tensor:
