@@ -9,8 +9,9 @@ A document marks what is generated; the text between the markers is replaced, th
                                                      speed-summary, acceptance PAIR/SET/T, import-graph
     <!-- v SOURCE LABEL FIELD [SPEC] -->2.38<!-- /v -->  one value: SOURCE a JSON file name or PAIR/SET/T
                                                      (the current table's row), FIELD a dotted path of the
-                                                     row (speedup_vs_ar.median) or vs:OTHER (tokens/s ratio
-                                                     in the same file), SPEC a format spec (default .2f)
+                                                     row (speedup_vs_ar.median), vs:OTHER (tokens/s ratio
+                                                     in the same file) or share:PHASE (percent of its time
+                                                     split), SPEC a format spec (default .2f)
     <!-- v PATH - FIELD [SPEC] -->3.4<!-- /v -->        one value from a file of the repository: PATH a .json
                                                      (FIELD a dotted path; a list is written comma-separated)
                                                      or a .safetensors (FIELD `parameters`, the tensors' sizes

@@ -201,8 +201,11 @@ def lookup(benches: list[Bench], tables: dict, source: str, label: str) -> Row:
 
 
 def field(row: Row, path: str, benches: list[Bench] | None = None):
-    """A dotted field of a row (speedup_vs_ar.median, mean_accepted_length, ...), or `vs:OTHER`: this row's
-    tokens/s over OTHER's in the same file."""
+    """A dotted field of a row (speedup_vs_ar.median, mean_accepted_length, ...), `vs:OTHER`: this row's
+    tokens/s over OTHER's in the same file, or `share:PHASE`: the percent of its time split PHASE took."""
+    if path.startswith("share:"):
+        split = row.m["time_split_s"]
+        return 100 * split[path[6:]] / sum(split.values())
     if path.startswith("vs:"):
         other = path[3:]
         if other not in row.bench.methods:
