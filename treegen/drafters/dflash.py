@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..engine.drafter import BuildClock
-from ..engine.matmul import BLOCKS, tune_linears
+from ..engine.matmul import BLOCKS, tune_linears, tuned_product
 from ..engine.prefill import input_device
-from ..engine.q4 import Q8Weight
+from ..engine.q4 import Q4Weight, Q8Weight
 from ..engine.tree import DraftTree
 from ..models.checkpoint import check_fits, load_dflash
 from ..models.dflash import ContextKV, DFlashDrafter, block_rows
@@ -122,9 +122,11 @@ class DFlashBlock:
     def marginal(self, anchor: int, depth: int) -> Scores:
         """Scores of block positions 1..depth, each conditioned on the context only."""
         logits = self.compiled_marginal(anchor, depth)
-        if logits is not None:
-            return Scores(logits, self.vocab.ids, self.vocab.kept.shape[0])
-        return self.scores(self.hidden(anchor, length=depth + 1)[1:1 + depth])
+        if logits is None:
+            return self.scores(self.hidden(anchor, length=depth + 1)[1:1 + depth])
+        if self.vocab is None:
+            return Scores(logits)
+        return Scores(logits, self.vocab.ids, self.vocab.kept.shape[0])
 
     def compiled_marginal(self, anchor: int, depth: int) -> torch.Tensor | None:
         """marginal()'s fp32 logits from one compiled call (fused.FusedStack.draft: context projection, stack,
@@ -133,7 +135,7 @@ class DFlashBlock:
         drafting = self.compiled_pass()
         if drafting is None:
             return None
-        stack, context_in = drafting
+        stack, context_in, head, head_q8 = drafting
         rows = max(1, min(depth + 1, self.block_size))
         new, past = self.pending, self.cache.length
         c = 0 if new is None else new.shape[0]
@@ -142,31 +144,33 @@ class DFlashBlock:
         cos, sin = self.model.rotary.table(torch.bfloat16).upto(past + c + rows)
         keys, values = self.cache.buffers(c + rows, self._like)
         own, count = block_rows(rows)
+        extra = None if self.vocab is None else self.vocab.extra_rows
         logits = stack.draft(keys, values, past, cos[past:], sin[past:], own, count, new if c else None,
-                             context_in, anchor, rows, self.vocab.product.packed, self.vocab.extra_rows)
+                             context_in, anchor, rows, head, head_q8, extra)
         self.cache.advance(c)
         self.pending = None
         return logits
 
     def compiled_pass(self) -> tuple | None:
-        """(the compiled stack, what its drafting pass reads) for this generation, resolved on its first round:
-        drafting on a CPU in 4-bit blocks (the stack's and the head's forms, drafters/precision.py) with a
-        restricted vocabulary (drafters/vocab.py); None elsewhere, and with autograd on (training)."""
+        """(the compiled stack, what its drafting pass reads, the head's blocks, whether they are Q8_0) for this
+        generation, resolved on its first round: drafting on a CPU in 4-bit blocks (the stack's and the head's
+        forms, drafters/precision.py), over a restricted vocabulary (drafters/vocab.py: Q8_0 rows) or the whole
+        one (4-bit blocks); None elsewhere, and with autograd on (training)."""
         if self._pass is not _UNRESOLVED or torch.is_grad_enabled():
             return None if torch.is_grad_enabled() else self._pass
         self._pass = None
         embed = self.embed.weight
-        if (self.vocab is None or type(self.vocab.product) is not Q8Weight or self.form != BLOCKS
-                or self.device.type != "cpu" or embed.dtype != torch.bfloat16
-                or embed.device.type != "cpu" or not embed.is_contiguous()
-                or self.vocab.extra_rows.dtype != torch.bfloat16):
+        head = self.vocab.product if self.vocab is not None else tuned_product(self.lm_head)
+        if (type(head) not in (Q8Weight, Q4Weight) or self.form != BLOCKS or self.device.type != "cpu"
+                or embed.dtype != torch.bfloat16 or embed.device.type != "cpu" or not embed.is_contiguous()
+                or (self.vocab is not None and self.vocab.extra_rows.dtype != torch.bfloat16)):
             return None
         c = self.model.config
         probe = embed.new_empty(1, 1, c.hidden_size)
         stack = self.model.compiled_stack(probe) if self.model.lean_usable(probe) else None
         if stack is not None:
             self._like = embed.new_empty(1, c.num_key_value_heads, 0, c.head_dim)
-            self._pass = (stack, self.model.context_in(embed.detach()))
+            self._pass = (stack, self.model.context_in(embed.detach()), head.packed, type(head) is Q8Weight)
         return self._pass
 
     def marginal_logits(self, anchor: int, depth: int) -> torch.Tensor:

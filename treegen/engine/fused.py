@@ -109,28 +109,29 @@ class FusedStack:
 
     def draft(self, keys: list[torch.Tensor], values: list[torch.Tensor], past: int, cos: torch.Tensor,
               sin: torch.Tensor, own: torch.Tensor, count: torch.Tensor, context: torch.Tensor | None,
-              context_in: ContextIn, anchor: int, rows: int, head: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+              context_in: ContextIn, anchor: int, rows: int, head: torch.Tensor, head_q8: bool,
+              extra: torch.Tensor | None) -> torch.Tensor:
         """A DFlash drafting pass in one call (row_decoder.c's draft_bf16): context [c, k*H] target features
         (their keys and values written at past..), the block [anchor, mask...] of `rows` rows, then the head
-        (Q8_0 blocks [groups, blocks, bytes]) and `extra` bf16 rows [e, H] over rows 1.. -> fp32 logits
-        [rows - 1, head outputs + e]. cos / sin: the table's rows from position `past` on."""
+        (blocks [groups, blocks, bytes]: Q8_0 where head_q8, else the stack's form) and `extra` bf16 rows [e, H]
+        over rows 1.. -> fp32 logits [rows - 1, head outputs + e]. cos / sin: the table's rows from position
+        `past` on."""
         c = 0 if context is None else context.shape[0]
         if c:
             context = context.contiguous()
         for row, k, v in zip(self.table, keys, values):
             row.keys, row.values, row.kv_stride = k.data_ptr(), v.data_ptr(), k.stride(1)
         self.shape.threads = torch.get_num_threads()
-        head_n = head.shape[0] * 32
-        logits = torch.empty(rows - 1, head_n + extra.shape[0])
+        head_n, extra_n = head.shape[0] * 32, 0 if extra is None else extra.shape[0]
+        logits = torch.empty(rows - 1, head_n + extra_n)
         fc, norm, embed = context_in.fc, context_in.norm, context_in.embed
         self.drafting(ctypes.byref(self.shape), _i64(len(self.layers)), self.table, _ptr(self.final_norm.data_ptr()),
                       _i64(past), _i64(c), None if not c else _ptr(context.data_ptr()),
                       _i64(0 if not c else context.shape[1]), _ptr(fc.data_ptr()), _ptr(norm.data_ptr()),
                       _ptr(embed.data_ptr()), _i64(anchor), _i64(context_in.mask_id), _i64(rows),
                       _ptr(cos.data_ptr()), _ptr(sin.data_ptr()), _ptr(own.data_ptr()), _ptr(count.data_ptr()),
-                      _i64(own.shape[1]), _ptr(head.data_ptr()), _i64(head_n),
-                      None if not len(extra) else _ptr(extra.data_ptr()), _i64(extra.shape[0]),
-                      _ptr(logits.data_ptr()))
+                      _i64(own.shape[1]), _ptr(head.data_ptr()), ctypes.c_int(int(head_q8)), _i64(head_n),
+                      None if not extra_n else _ptr(extra.data_ptr()), _i64(extra_n), _ptr(logits.data_ptr()))
         return logits
 
 

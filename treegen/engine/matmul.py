@@ -411,6 +411,17 @@ class TunedForward:
         return self.matmul(x)
 
 
+def tuned_product(module: torch.nn.Module):
+    """The product a tuned Linear's forward runs now (tune_linears), or None for one not tuned."""
+    forward = module.__dict__.get("forward")
+    if not isinstance(forward, TunedForward):
+        return None
+    weight = module.weight
+    if (weight.data_ptr(), weight.dtype) != forward.source:   # replaced since: made again on its next call
+        return None
+    return forward.matmul
+
+
 def tune_linears(*modules: torch.nn.Module, form: str = FLOAT) -> None:
     """Every bias-free nn.Linear under these modules computes through a Matmul (or `form`'s product). For a
     drafter's own modules only (never the target's: its rows must stay what the lean forward or transformers

@@ -147,14 +147,15 @@ void decoder_bf16(const Shape *s, int64_t layers, const Layer *w, const uint16_t
 /* One DFlash drafting pass (drafters/dflash.py): the new context rows' target features [context, fw] through
    fc and the hidden norm (only their keys and values are made and cached), the block [anchor, mask x (rows -
    1)] from the embedding table through the stack and its final norm, then the head over block rows 1..rows-1:
-   logits [rows - 1][head_n + extra_n] fp32, the head's Q8_0 rows first (as bf16 values), then `extra` bf16
-   rows [extra_n, hidden] (a fp32 dot rounded to bf16). Each step is the one the per-call path makes, in its
-   order, so both give the same bits but for the extra rows' dot. Products in the stack's form (s->q4). */
+   logits [rows - 1][head_n + extra_n] fp32, the head's rows first (as bf16 values: Q8_0 blocks where head_q8,
+   else the stack's form), then `extra` bf16 rows [extra_n, hidden] (a fp32 dot rounded to bf16). Each step is
+   the one the per-call path makes, in its order, so both give the same bits but for the extra rows' dot.
+   Products in the stack's form (s->q4). */
 void draft_bf16(const Shape *s, int64_t layers, const Layer *w, const uint16_t *final_norm, int64_t past,
                 int64_t context, const uint16_t *features, int64_t fw, const void *fc, const uint16_t *hidden_norm,
                 const uint16_t *embed, int64_t anchor, int64_t mask_id, int64_t rows, const uint16_t *cos,
-                const uint16_t *sin, const int64_t *own, const int64_t *count, int64_t width, const uint8_t *head,
-                int64_t head_n, const uint16_t *extra, int64_t extra_n, float *logits) {
+                const uint16_t *sin, const int64_t *own, const int64_t *count, int64_t width, const void *head,
+                int head_q8, int64_t head_n, const uint16_t *extra, int64_t extra_n, float *logits) {
     const int64_t H = s->hidden, depth = rows - 1, cols = head_n + extra_n;
     uint16_t *ctx = context ? malloc(sizeof(uint16_t) * context * H) : NULL;
     uint16_t *x = malloc(sizeof(uint16_t) * rows * H), *out = malloc(sizeof(uint16_t) * rows * H);
@@ -167,7 +168,8 @@ void draft_bf16(const Shape *s, int64_t layers, const Layer *w, const uint16_t *
     decoder_bf16(s, layers, w, final_norm, past, context, ctx, rows, x, NULL, out, cos, sin, own, count, width);
     if (depth > 0) {
         uint16_t *y = malloc(sizeof(uint16_t) * depth * head_n);
-        row_matmul_q8(out + H, depth, H, head, head_n, H, y, head_n, s->threads);
+        if (head_q8) row_matmul_q8(out + H, depth, H, (const uint8_t *)head, head_n, H, y, head_n, s->threads);
+        else product(s, out + H, depth, H, head, head_n, H, y, head_n);
         for (int64_t r = 0; r < depth; ++r) {
             const uint16_t *state = out + (r + 1) * H;
             for (int64_t j = 0; j < head_n; ++j) logits[r * cols + j] = from_bf16(y[r * head_n + j]);
