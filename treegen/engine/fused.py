@@ -83,6 +83,15 @@ class FusedStack:
         self.drafting = kernels.decoder_library().draft_bf16
         self.hidden = hidden
 
+    def bind(self, keys: list[torch.Tensor], values: list[torch.Tensor], context: torch.Tensor | None):
+        """The layers' cache buffers and this call's thread count into the table -> (context rows, context)."""
+        for row, k, v in zip(self.table, keys, values):
+            row.keys, row.values, row.kv_stride = k.data_ptr(), v.data_ptr(), k.stride(1)
+        self.shape.threads = torch.get_num_threads()
+        if context is None:
+            return 0, None
+        return context.shape[0], context.contiguous()
+
     def __call__(self, x: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], past: int,
                  cos: torch.Tensor, sin: torch.Tensor, own: torch.Tensor, count: torch.Tensor,
                  context: torch.Tensor | None = None, states: bool = False, normed: bool = True):
@@ -91,12 +100,7 @@ class FusedStack:
         rows = x.shape[0]
         x = x.contiguous()
         own, count = own.contiguous(), count.contiguous()
-        c = 0 if context is None else context.shape[0]
-        if c:
-            context = context.contiguous()
-        for row, k, v in zip(self.table, keys, values):
-            row.keys, row.values, row.kv_stride = k.data_ptr(), v.data_ptr(), k.stride(1)
-        self.shape.threads = torch.get_num_threads()
+        c, context = self.bind(keys, values, context)
         out = torch.empty(rows, self.hidden, dtype=torch.bfloat16)
         kept = torch.empty(len(self.layers) + 1, rows, self.hidden, dtype=torch.bfloat16) if states else None
         norm = self.final_norm if normed else None
@@ -116,12 +120,7 @@ class FusedStack:
         (blocks [groups, blocks, bytes]: Q8_0 where head_q8, else the stack's form) and `extra` bf16 rows [e, H]
         over rows 1.. -> fp32 logits [rows - 1, head outputs + e]. cos / sin: the table's rows from position
         `past` on."""
-        c = 0 if context is None else context.shape[0]
-        if c:
-            context = context.contiguous()
-        for row, k, v in zip(self.table, keys, values):
-            row.keys, row.values, row.kv_stride = k.data_ptr(), v.data_ptr(), k.stride(1)
-        self.shape.threads = torch.get_num_threads()
+        c, context = self.bind(keys, values, context)
         head_n, extra_n = head.shape[0] * 32, 0 if extra is None else extra.shape[0]
         logits = torch.empty(rows - 1, head_n + extra_n)
         fc, norm, embed = context_in.fc, context_in.norm, context_in.embed
