@@ -80,3 +80,27 @@ def test_a_cache_it_cannot_write_into_takes_the_per_layer_path():
             outs.append(step.fast(*verification_inputs(7, TREES[1], 37, model.dtype), cache)[0])
         assert cache.get_seq_length() == 37 + 6
     torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=2e-2)
+
+
+def test_steps_across_a_cache_that_grows_write_into_its_new_buffers():
+    """The stack binds a layer's buffers once and rebinds when the cache grows into new ones (past
+    MIN_CAPACITY positions): each step's logits are then those of a fresh forward over the same ids."""
+    from treegen.engine.cache import MIN_CAPACITY
+
+    model = tiny_llama(hidden=64).to(torch.bfloat16)
+    step = TargetStep(model)
+    ids = torch.arange(5, 5 + MIN_CAPACITY + 8) % model.config.vocab_size
+    start = MIN_CAPACITY - 4
+    cache = new_cache(model)
+    with torch.inference_mode():
+        step(ids[None, :start], torch.arange(start)[None], None, cache)
+        grown = []
+        for i in range(start, len(ids)):   # one-row steps across the buffers' doubling
+            logits, _ = step(*verification_inputs(int(ids[i]), DraftTree.empty(), i, model.dtype), cache)
+            grown.append(logits.row(0))
+            assert cache.get_seq_length() == i + 1
+        for i in (start, MIN_CAPACITY, len(ids) - 1):   # before, at and after the doubling, from scratch
+            fresh = new_cache(model)
+            step(ids[None, :i], torch.arange(i)[None], None, fresh)
+            logits, _ = step(*verification_inputs(int(ids[i]), DraftTree.empty(), i, model.dtype), fresh)
+            assert torch.equal(logits.row(0), grown[i - start])

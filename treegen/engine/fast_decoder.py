@@ -14,6 +14,7 @@ compiled stack serves, the prompt's (engine/target.py gives each chunk of it as 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -184,7 +185,7 @@ class FastDecoder:
         return fused.FusedStack(weights, self.norm, hidden=config.hidden_size, heads=heads, kv_heads=kv,
                                 dim=self.head_dim, inter=config.intermediate_size, eps=self.eps, scale=self.scale)
 
-    def __call__(self, ids, positions, mask, cache) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def __call__(self, ids, positions, mask, cache) -> tuple[torch.Tensor, Sequence[torch.Tensor]]:
         x = F.embedding(ids, self.embed)
         cos, sin = (t[:, None] for t in self.rope(positions))
         if self.stack is not None and ids.shape[0] == 1:
@@ -206,7 +207,7 @@ class FastDecoder:
         hidden[-1] = norm(x, self.norm, self.eps)
         return hidden[-1], hidden
 
-    def compiled(self, x, cos, sin, mask, cache) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+    def compiled(self, x, cos, sin, mask, cache) -> tuple[torch.Tensor, Sequence[torch.Tensor]] | None:
         """__call__ through the compiled stack, or None where the cache is not one it writes into."""
         n, layers = x.shape[1], cache.layers
         if not all(type(layer) is GrowingLayer for layer in layers):
@@ -217,14 +218,14 @@ class FastDecoder:
         if any(b is None for b in buffers):
             return None
         keys, values = [b[0] for b in buffers], [b[1] for b in buffers]
-        if not fused.buffers_fit(keys, values, self.stack.shape.kv_heads, self.head_dim):
+        if not self.stack.holds(keys, values):
             return None
         _, own, count = invariant.tree_order(mask)
         last, states = self.stack(x[0], keys, values, past, cos.view(n, -1), sin.view(n, -1), own, count,
                                   states=True)
         for layer in layers:
             layer.advance(past + n)
-        return last[None], list(states[:, None])
+        return last[None], states[:, None]   # indexes as the list transformers returns, without 31 objects made
 
     def attention(self, h, qkv, wo, qk_norm, cos, sin, mask, order, layer, compiled=False) -> torch.Tensor:
         batch, n, _ = h.shape

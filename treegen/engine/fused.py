@@ -12,6 +12,7 @@ rows from the target's features and scores the block with the head in the same c
 from __future__ import annotations
 
 import ctypes
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -79,14 +80,26 @@ class FusedStack:
                 form = torch.uint8 if q4 and name in ("qkv", "o", "gate_up", "down") else torch.bfloat16
                 assert tensor is None or (tensor.dtype == form and tensor.is_contiguous())
                 setattr(row, name, None if tensor is None else tensor.data_ptr())
+        self.checked: tuple[list, list] | None = None   # weak references to the buffers holds() last passed
+        self.bound: tuple[list, list] | None = None     # ... and to those the table points into
         self.kernel = kernels.decoder_library().decoder_bf16
         self.drafting = kernels.decoder_library().draft_bf16
         self.hidden = hidden
 
+    def holds(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> bool:
+        """Whether the stack writes into these cache buffers (buffers_fit), checked once per set of buffers."""
+        if not same(self.checked, (keys, values)):
+            if not buffers_fit(keys, values, self.shape.kv_heads, self.shape.dim):
+                return False
+            self.checked = refs(keys, values)
+        return True
+
     def bind(self, keys: list[torch.Tensor], values: list[torch.Tensor], context: torch.Tensor | None):
         """The layers' cache buffers and this call's thread count into the table -> (context rows, context)."""
-        for row, k, v in zip(self.table, keys, values):
-            row.keys, row.values, row.kv_stride = k.data_ptr(), v.data_ptr(), k.stride(1)
+        if not same(self.bound, (keys, values)):   # buffers change only when they grow: a step rebinds none
+            for row, k, v in zip(self.table, keys, values):
+                row.keys, row.values, row.kv_stride = k.data_ptr(), v.data_ptr(), k.stride(1)
+            self.bound = refs(keys, values)
         self.shape.threads = torch.get_num_threads()
         if context is None:
             return 0, None
@@ -142,6 +155,17 @@ class ContextIn:
     norm: torch.Tensor
     embed: torch.Tensor
     mask_id: int
+
+
+def refs(keys: list[torch.Tensor], values: list[torch.Tensor]) -> tuple[list, list]:
+    return [weakref.ref(k) for k in keys], [weakref.ref(v) for v in values]
+
+
+def same(kept: tuple[list, list] | None, buffers: tuple[list, list]) -> bool:
+    """Whether `buffers` are the very tensors kept by weak reference (a freed one never matches: its object is
+    gone, whatever address or id a new one takes), so the cache's memory is never held here."""
+    return kept is not None and all(len(a) == len(b) and all(r() is t for r, t in zip(a, b))
+                                    for a, b in zip(kept, buffers))
 
 
 def buffers_fit(keys: list[torch.Tensor], values: list[torch.Tensor], kv_heads: int, dim: int) -> bool:

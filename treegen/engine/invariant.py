@@ -124,6 +124,8 @@ def tree_order(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     ancestors then itself in depth order with their count (the same for every layer of a forward). A small
     tree's comes from a table by its shape: rounds repeat a few shapes, and this runs before every forward."""
     n = mask.shape[2]
+    if n == 1 and mask.device.type == "cpu":   # a lone row sees itself (plain decoding's every step)
+        return _order_of_shape(1, b"\x01")
     seen = mask[0, 0, :, mask.shape[3] - n:] == 0
     if n > SHAPES_ROWS or seen.device.type != "cpu":
         return seen, *_order(seen)
