@@ -24,8 +24,7 @@ def host_tables(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor):
     tables = torch.stack([logp.float(), tokens.float(), links.float()]).detach().cpu().flatten(1)
     if logp.numel() > SMALL:
         return tuple(tables.numpy())
-    lp, tok, link = tables.tolist()
-    return lp, [int(t) for t in tok], [int(t) for t in link]
+    return tuple(tables.tolist())   # the walk reads each entry it uses through int() / float()
 
 
 def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, budget: int) -> DraftTree:

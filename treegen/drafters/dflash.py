@@ -156,8 +156,10 @@ class DFlashBlock:
         generation, resolved on its first round: drafting on a CPU in 4-bit blocks (the stack's and the head's
         forms, drafters/precision.py), over a restricted vocabulary (drafters/vocab.py: Q8_0 rows) or the whole
         one (4-bit blocks); None elsewhere, and with autograd on (training)."""
-        if self._pass is not _UNRESOLVED or torch.is_grad_enabled():
-            return None if torch.is_grad_enabled() else self._pass
+        if torch.is_grad_enabled():
+            return None
+        if self._pass is not _UNRESOLVED:
+            return self._pass
         self._pass = None
         embed = self.embed.weight
         head = self.vocab.product if self.vocab is not None else tuned_product(self.lm_head)
