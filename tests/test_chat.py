@@ -200,3 +200,5 @@ def test_the_banner_names_the_options_that_change_drafting():
     gen = SimpleNamespace(method="treeflash", method_options={"budget": "auto", "lookup": True, "top_k": 8})
     assert method_label(gen) == "treeflash (budget auto, lookup)"
     assert method_label(SimpleNamespace(method="ar", method_options={})) == "ar"
+    sampled = SimpleNamespace(method="ddtree", method_options={"budget": 2, "sampled_budget": 3, "sample": False})
+    assert method_label(sampled) == "ddtree (budget 2, 3 at T > 0)"

@@ -107,6 +107,26 @@ def test_ddtree_branches_and_respects_budget(target, drafter_dir):
     assert any(r.drafted > r.depth for r in rounds[1:])  # more nodes than depth: a real tree
 
 
+def test_ddtree_sampled_budget(target, drafter_dir):
+    """sampled_budget sizes the rounds at T > 0 (budget the greedy ones) in one drafter; with deterministic
+    drafts a seeded T > 0 output is plain decoding's under the same seed, as at T = 0 it is plain decoding's."""
+    from treegen.drafters import MethodError
+
+    drafter = build_drafter("ddtree", target, str(drafter_dir), {"budget": 1, "sampled_budget": 3, "sample": False})
+    plain = build_drafter("ar", target)
+    prompt = torch.arange(10)
+    greedy = list(generate(target, drafter, prompt, GenerationConfig(16)))
+    assert max(r.drafted for r in greedy[1:]) == 1
+    cfg = GenerationConfig(16, Sampler(temperature=0.8), seed=7)
+    sampled = list(generate(target, drafter, prompt, cfg))
+    assert max(r.drafted for r in sampled[1:]) == 3
+    assert [t for r in sampled for t in r.tokens] == [t for r in generate(target, plain, prompt, cfg) for t in r.tokens]
+    assert [t for r in greedy for t in r.tokens] == [t for r in generate(target, plain, prompt, GenerationConfig(16))
+                                                       for t in r.tokens]
+    with pytest.raises(MethodError, match="'sampled_budget' needs a fixed budget"):
+        build_drafter("ddtree", target, str(drafter_dir), {"budget": "auto", "sampled_budget": 3})
+
+
 def test_ddtree_sampling_runs_seeded(target, drafter_dir):
     drafter = build_drafter("ddtree", target, str(drafter_dir))
     cfg = GenerationConfig(12, Sampler(temperature=1.0, top_k=20), seed=5)

@@ -83,15 +83,20 @@ def test_projecting_all_rows_changes_no_token(qwen3, monkeypatch):
         assert run_pld(qwen3, sampler, seed, monkeypatch, True) == run_pld(qwen3, sampler, seed, monkeypatch, False)
 
 
-def test_projection_rule(qwen3):
+def test_projection_rule(qwen3, monkeypatch):
     """All rows at once exactly when a * (rows read - 1) > b * (rows - 1), once a round has been seen;
-    a is learnt from rows projected alone only, the rows read from every round but the prefill."""
+    a is learnt from rows projected alone only, the rows read from the rounds with rows to choose from (not
+    the prefill, not a one-row round), as a slow mean kept across generations."""
     head = qwen3.get_output_embeddings()
-    projection = Projection(head, id(head.weight))
+    key = id(head.weight)
+    for table in (Projection._cold, Projection._warm, Projection._reads):
+        monkeypatch.setitem(table, key, 0.0)
+        del table[key]
+    projection = Projection(head, key)
     hidden = torch.zeros(9, qwen3.config.hidden_size)
 
-    def forward(reads: int) -> Logits:
-        logits = Logits(hidden, head)
+    def forward(reads: int, rows: int = 9) -> Logits:
+        logits = Logits(hidden[:rows], head)
         projection.prepare(logits)
         for i in range(reads):
             logits.row(i)
@@ -99,12 +104,17 @@ def test_projection_rule(qwen3):
 
     assert not forward(1).whole                      # the prefill: nothing is known
     assert not forward(4).whole and projection.reads == 1.0   # the prefill's one row is not a round
+    assert not forward(1, rows=1).whole and projection.reads == 4.0   # the first round's reads, as they are
     assert projection.key in Projection._cold        # a: from the rows projected alone
-    Projection._cold[projection.key], Projection._warm[projection.key] = 1.0, 0.1
-    projection.last, projection.reads = None, 1.7     # 1.0 * 0.7 < 0.1 * 8: alone
+    projection.learn()
+    assert projection.reads == 4.0                   # a one-row forward is not folded in
+    Projection._cold[key], Projection._warm[key] = 1.0, 0.1
+    projection.last, Projection._reads[key] = None, 1.7   # 1.0 * 0.7 < 0.1 * 8: alone
     assert not forward(2).whole
-    projection.last, projection.reads = None, 2.0     # 1.0 * 1.0 > 0.1 * 8: at once
+    projection.last, Projection._reads[key] = None, 2.0   # 1.0 * 1.0 > 0.1 * 8: at once
     whole = forward(3)
     assert whole.whole and len(whole.made) == 9
     projection.learn()
-    assert Projection._cold[projection.key] == 1.0 and projection.reads == 2.5   # rows read 3, weight 0.5
+    assert Projection._cold[key] == 1.0 and projection.reads == 2.1   # rows read 3, weight 0.1
+    later = Projection(head, key)                    # the next generation starts from the mean
+    assert later.reads == 2.1

@@ -90,9 +90,13 @@ def transcript(messages: list[dict]) -> str:
 
 
 def method_label(gen) -> str:
-    """The method and the options that change how it drafts: "treeflash (budget auto, lookup)"."""
+    """The method and the options that change how it drafts: "treeflash (budget auto, lookup)",
+    "ddtree (budget 2, 3 at T > 0)"."""
     options = getattr(gen, "method_options", None) or {}
-    shown = [f"budget {options['budget']}" if "budget" in options else "", "lookup" if options.get("lookup") else ""]
+    budget = f"budget {options['budget']}" if "budget" in options else ""
+    if budget and options.get("sampled_budget") and options["sampled_budget"] != options["budget"]:
+        budget += f", {options['sampled_budget']} at T > 0"
+    shown = [budget, "lookup" if options.get("lookup") else ""]
     shown = [s for s in shown if s]
     return f"{gen.method} ({', '.join(shown)})" if shown else gen.method
 

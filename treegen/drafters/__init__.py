@@ -63,10 +63,11 @@ def _dflash(target, drafter_path, drawing):
     return DFlashChainDrafter(load_block(target, drafter_path), drawing=drawing)
 
 
-def _ddtree(target, drafter_path, drawing, *, budget: int = D.DDTREE_BUDGET, top_k: int = D.DDTREE_TOP_K):
+def _ddtree(target, drafter_path, drawing, *, budget: int = D.DDTREE_BUDGET, top_k: int = D.DDTREE_TOP_K,
+            sampled_budget: int = D.DDTREE_SAMPLED_BUDGET):
     from .ddtree import DDTreeDrafter
     from .dflash import load_block
-    return DDTreeDrafter(load_block(target, drafter_path), budget, top_k, drawing=drawing)
+    return DDTreeDrafter(load_block(target, drafter_path), budget, top_k, sampled_budget, drawing=drawing)
 
 
 def _treeflash(target, drafter_path, drawing, *, budget: int = D.TREEFLASH_BUDGET, top_m: int | None = None,
@@ -142,6 +143,9 @@ def check_options(method: Method, options: dict[str, Any]) -> dict[str, Any]:
                               f"got {shown(value)}")
         check_range(method.name, key, value)
     merged = {**known, **options}
+    if merged.get("sampled_budget") and merged.get("budget") == D.AUTO:
+        raise MethodError(f"method {method.name!r} option 'sampled_budget' needs a fixed budget; "
+                          f"budget: auto sizes every round's tree")
     if method.name == "pld" and merged["min_ngram"] > merged["max_ngram"]:
         raise MethodError(f"method 'pld' option 'min_ngram' ({merged['min_ngram']}) must be <= max_ngram "
                           f"({merged['max_ngram']})")

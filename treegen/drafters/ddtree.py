@@ -6,7 +6,7 @@ import torch
 
 from ..engine.tree import DraftTree
 from . import defaults as D
-from .base import Drawing, with_spine
+from .base import DraftState, Drawing, with_spine
 from .best_first import marginal_tree
 from .dflash import BlockDrafter, DFlashBlock
 from .drawn import marginal_spine
@@ -16,13 +16,22 @@ from .select import top_k
 class DDTreeDrafter(BlockDrafter):
     name = "ddtree"
 
-    def __init__(self, block: DFlashBlock, budget: int = D.DDTREE_BUDGET, top_k: int = D.DDTREE_TOP_K, *,
-                 drawing: Drawing | None = None):
+    def __init__(self, block: DFlashBlock, budget: int = D.DDTREE_BUDGET, top_k: int = D.DDTREE_TOP_K,
+                 sampled_budget: int = D.DDTREE_SAMPLED_BUDGET, *, drawing: Drawing | None = None):
         if budget < 1:
             raise ValueError(f"ddtree budget must be >= 1, got {budget}")
+        if sampled_budget < 0:
+            raise ValueError(f"ddtree sampled_budget must be >= 0 (0: the budget), got {sampled_budget}")
         super().__init__(block, drawing=drawing)
+        self.budgets = (budget, sampled_budget or budget)   # greedy rounds, rounds at T > 0
         self.budget = budget
-        self.top_k = top_k or budget  # no node can rank below `budget` among its siblings
+        self.top_k = top_k or max(self.budgets)  # no node can rank below `budget` among its siblings
+
+    def propose(self, state: DraftState) -> DraftTree:
+        # at T > 0 a node is accepted with the target's probability of its token, not only when it is the
+        # argmax, so a sibling brings more there and a round may verify another number of nodes
+        self.budget = self.budgets[state.sampling]
+        return super().propose(state)
 
     def draft(self, anchor: int, depth: int) -> DraftTree:
         if self.law is not None:

@@ -21,6 +21,7 @@ DDTREE_BUDGET = 64      # nodes verified per round (DDTree's common default)
 AUTO = "auto"           # `budget: auto`: the drafter drafts AUTO_CEILING nodes, the engine trims each round
 AUTO_CEILING = 128      #   to the size with the best expected tokens/s on this hardware (engine/budget.py)
 DDTREE_TOP_K = 0        # per-depth candidates; 0 = as many as the budget (no node can rank lower)
+DDTREE_SAMPLED_BUDGET = 0   # nodes a round at T > 0; 0 = the budget (a sibling pays more when sampling)
 D2SD_K = 4              # branches re-drafted from the likeliest rejection points
 D2SD_B2 = 0             # the second block's length; 0 = the first drafter's block size B
 D2SD_MAX_B2 = 64
@@ -48,7 +49,7 @@ CHOICES = {(None, "dtype"): DTYPES, (None, "vocab"): VOCABS, (None, "draw_shape"
            ("d2sd", "branch"): D2SD_BRANCHES}
 # the smallest valid value of numeric options, checked (with the types) before anything loads
 MINIMUM = {("pld", "max_ngram"): 1, ("pld", "min_ngram"): 1, ("pld", "draft_len"): 1, ("pld", "branches"): 1,
-           ("ddtree", "budget"): 1, ("ddtree", "top_k"): 0,
+           ("ddtree", "budget"): 1, ("ddtree", "top_k"): 0, ("ddtree", "sampled_budget"): 0,
            ("treeflash", "budget"): 1, ("treeflash", "top_m"): 1, ("treeflash", "top_k"): 1,
            ("treeflash", "support"): 0, ("dartree", "budget"): 1, ("dartree", "candidates"): 1,
            ("dartree", "width"): 1, ("d2sd", "k"): 1, ("d2sd", "b2"): 0, ("d2sd", "budget"): 0,
@@ -59,6 +60,7 @@ MAX_TREE = 2048         # nodes verified per round: 16x the `budget: auto` ceili
 MAX_WIDTH = 1024        # per-depth candidates and children (clamped to the vocabulary as well)
 MAXIMUM = {("pld", "max_ngram"): 64, ("pld", "min_ngram"): 64, ("pld", "draft_len"): 256, ("pld", "branches"): 64,
            ("ddtree", "budget"): MAX_TREE, ("ddtree", "top_k"): MAX_TREE,
+           ("ddtree", "sampled_budget"): MAX_TREE,
            ("treeflash", "budget"): MAX_TREE, ("treeflash", "top_m"): 256, ("treeflash", "top_k"): MAX_WIDTH,
            ("treeflash", "support"): 2 ** 18, ("dartree", "budget"): MAX_TREE,
            ("dartree", "candidates"): 4096, ("dartree", "width"): MAX_WIDTH, ("d2sd", "k"): 64,

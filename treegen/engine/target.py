@@ -145,18 +145,25 @@ class Projection:
 
     Lazy pays a (one cold read of the lm_head) per row read; all-at-once pays a once plus b per other row.
     So all at once wins when a * (rows read - 1) > b * (rows - 1). a is measured on the rows projected
-    alone, b once per lm_head (warm rows), rows read is a running mean over this generation's rounds.
+    alone, b once per lm_head (warm rows), rows read is a slow running mean over the rounds that had rows to
+    choose from, kept across generations: a round's rows read is close to independent of the round before,
+    so a fast mean would turn lazy after a few rejected rounds and pay a second cold read on the next accept.
     """
 
-    WEIGHT = 0.5          # of the latest forward in the running means
+    WEIGHT = 0.1          # of the latest round in the running mean of rows read
     _warm: ClassVar[dict[int, float]] = {}   # id(lm_head module) -> b, seconds per extra warm row
     _cold: ClassVar[dict[int, float]] = {}   # id(lm_head module) -> a, seconds per row projected alone
+    _reads: ClassVar[dict[int, float]] = {}  # id(lm_head module) -> running mean of rows read per round
 
     def __init__(self, lm_head, key: int):
         self.lm_head, self.key = lm_head, key
-        self.reads = 1.0    # running mean of rows read per round: lazy until rounds show more
         self.last: Logits | None = None
         self.forwards = 0
+
+    @property
+    def reads(self) -> float:
+        """Rows read per round: lazy until rounds show more."""
+        return self._reads.get(self.key, 1.0)
 
     def prepare(self, logits: Logits) -> None:
         self.learn()
@@ -167,12 +174,15 @@ class Projection:
             logits.project_all()
 
     def learn(self) -> None:
-        """Fold in what the last forward's walk read (the prefill reads one row of many: not a round)."""
+        """Fold in what the last forward's walk read: a round with rows to choose from (not the prefill, which
+        reads one row of many, nor a round of one row)."""
         last = self.last
         if last is None or not last.read:
             return
-        if self.forwards > 1:
-            self.reads += self.WEIGHT * (len(last.read) - self.reads)
+        if self.forwards > 1 and len(last) > 1:
+            reads = self._reads.get(self.key)
+            self._reads[self.key] = len(last.read) if reads is None else \
+                reads + self.WEIGHT * (len(last.read) - reads)
         if not last.whole:   # rows projected alone: each paid a cold read
             a = last.seconds / len(last.made)
             old = self._cold.get(self.key)
