@@ -47,10 +47,21 @@ def test_one_call_gives_the_per_call_paths_logits_and_cache(demo, restricted):
 def compare_passes(block, anchor: int) -> None:
     for depth in (1, 2, block.block_size - 1, 3):   # the first with new context rows, the rest without
         before = copy.deepcopy(block.cache), block.pending
-        fast = block.compiled_marginal(anchor, depth)
+
+        def rewind(before=before):
+            block.cache, block.pending = copy.deepcopy(before[0]), before[1]
+
+        fast, states = block.compiled_marginal(anchor, depth, states=True)
         after = block.cache
-        block.cache, block.pending = copy.deepcopy(before[0]), before[1]
-        slow = block.scores(block.hidden(anchor, length=depth + 1)[1:1 + depth]).logits
+        rewind()
+        alone, none = block.compiled_marginal(anchor, depth)   # without the states: the same logits
+        assert none is None and torch.equal(alone.logits, fast.logits)
+        rewind()
+        prenorm = block.hidden(anchor, normed=False, length=depth + 1)[1:1 + depth]
+        rewind()
+        normed = block.hidden(anchor, length=depth + 1)[1:1 + depth]
+        assert torch.equal(states[0], prenorm) and torch.equal(states[1], normed)
+        fast, slow = fast.logits, block.scores(normed).logits
         head = FREQUENT if block.vocab is not None else slow.shape[1]
         assert fast.shape == slow.shape and fast.shape[0] == depth
         assert torch.equal(fast[:, :head], slow[:, :head])
@@ -76,7 +87,8 @@ def test_it_serves_only_where_its_forms_are(demo):
         assert in_bf16.draft_model.block.compiled_pass() is None       # bf16 products: the per-call path
 
 
-@pytest.mark.parametrize("method,restricted", [("ddtree", True), ("dflash", True), ("ddtree", False)])
+@pytest.mark.parametrize("method,restricted", [("ddtree", True), ("dflash", True), ("ddtree", False),
+                                               ("treeflash", True), ("treeflash", False)])
 def test_drafting_through_it_keeps_greedy_output(demo, method, restricted, monkeypatch):
     from treegen.drafters.dflash import DFlashBlock
 
@@ -84,7 +96,8 @@ def test_drafting_through_it_keeps_greedy_output(demo, method, restricted, monke
     calls = []
     compiled = DFlashBlock.compiled_marginal
     monkeypatch.setattr(DFlashBlock, "compiled_marginal",
-                        lambda self, anchor, depth: calls.append(depth) or compiled(self, anchor, depth))
+                        lambda self, anchor, depth, states=False: calls.append(depth)
+                        or compiled(self, anchor, depth, states))
     accepted = 0
     for prompt in (PROMPT, "    for key, value in sorted(items.items()):\n"):
         out = g.generate(prompt, max_new_tokens=32)

@@ -121,17 +121,17 @@ class DFlashBlock:
 
     def marginal(self, anchor: int, depth: int) -> Scores:
         """Scores of block positions 1..depth, each conditioned on the context only."""
-        logits = self.compiled_marginal(anchor, depth)
-        if logits is None:
+        passed = self.compiled_marginal(anchor, depth)
+        if passed is None:
             return self.scores(self.hidden(anchor, length=depth + 1)[1:1 + depth])
-        if self.vocab is None:
-            return Scores(logits)
-        return Scores(logits, self.vocab.ids, self.vocab.kept.shape[0])
+        return passed[0]
 
-    def compiled_marginal(self, anchor: int, depth: int) -> torch.Tensor | None:
-        """marginal()'s fp32 logits from one compiled call (fused.FusedStack.draft: context projection, stack,
-        head) where it serves, else None. The same steps as hidden() then scores(), so the same bits but for
-        the context tokens' extra head rows (tests/test_draft_pass.py)."""
+    def compiled_marginal(self, anchor: int, depth: int, states: bool = False) \
+            -> tuple[Scores, torch.Tensor | None] | None:
+        """marginal()'s Scores from one compiled call (fused.FusedStack.draft: context projection, stack, head)
+        where it serves, else None; with `states`, block rows 1..depth before and after the final norm too
+        ([2, depth, H]: TreeFlash's head reads both). The same steps as hidden() then scores(), so the same bits
+        but for the context tokens' extra head rows (tests/test_draft_pass.py)."""
         drafting = self.compiled_pass()
         if drafting is None:
             return None
@@ -145,11 +145,13 @@ class DFlashBlock:
         keys, values = self.cache.buffers(c + rows, self._like)
         own, count = block_rows(rows)
         extra = None if self.vocab is None else self.vocab.extra_rows
-        logits = stack.draft(keys, values, past, cos[past:], sin[past:], own, count, new if c else None,
-                             context_in, anchor, rows, head, head_q8, extra)
+        logits, kept = stack.draft(keys, values, past, cos[past:], sin[past:], own, count, new if c else None,
+                                   context_in, anchor, rows, head, head_q8, extra, states)
         self.cache.advance(c)
         self.pending = None
-        return logits
+        if self.vocab is None:
+            return Scores(logits), kept
+        return Scores(logits, self.vocab.ids, self.vocab.kept.shape[0]), kept
 
     def compiled_pass(self) -> tuple | None:
         """(the compiled stack, what its drafting pass reads, the head's blocks, whether they are Q8_0) for this

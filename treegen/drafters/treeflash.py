@@ -89,8 +89,14 @@ class TreeFlashDrafter(BlockDrafter):
         self.make_table()
 
     def draft(self, anchor: int, depth: int) -> DraftTree:
-        hidden = self.block.hidden(anchor, normed=False, length=depth + 1)[1:]   # [D, H] before the final norm
-        parts = self.parts(hidden)
+        depth = min(depth, self.budget)   # no node of a tree of `budget` nodes lies deeper (as ddtree)
+        passed = self.block.compiled_marginal(anchor, depth, states=True)   # one compiled call, where it serves
+        if passed is None:
+            hidden = self.block.hidden(anchor, normed=False, length=depth + 1)[1:]   # [D, H] before the final norm
+            parts = self.parts(hidden)
+        else:
+            marginal, (hidden, normed) = passed
+            parts = self.parts_of(marginal, normed)
         if self.law is not None:   # drawn drafts: laws over the whole vocabulary (verification divides by them)
             parts = (Scores(parts[0].widen(parts[0].logits)), parts[1])
         grown = self.law is not None and self.draw_shape == "tree"
@@ -114,7 +120,10 @@ class TreeFlashDrafter(BlockDrafter):
         """[D, H] backbone states before the final norm -> the marginal's Scores (over the head's columns) and
         the head's state half [D, 2I]: what the tables and the drawn chain both start from, made once a round."""
         normed = self.model.model.norm(hidden)
-        marginal = self.block.scores(normed)
+        return self.parts_of(self.block.scores(normed), normed)
+
+    def parts_of(self, marginal: Scores, normed: torch.Tensor) -> tuple[Scores, torch.Tensor]:
+        """parts() from the marginal's Scores and the states after the final norm [D, H]."""
         if marginal.logits.shape[-1] < max(self.top_m, self.support):   # fewer kept tokens than it ranks
             marginal = Scores(marginal.widen(marginal.logits))
         return marginal, self.model.ar_approximation.state_part(normed)

@@ -127,15 +127,16 @@ class FusedStack:
     def draft(self, keys: list[torch.Tensor], values: list[torch.Tensor], past: int, cos: torch.Tensor,
               sin: torch.Tensor, own: torch.Tensor, count: torch.Tensor, context: torch.Tensor | None,
               context_in: ContextIn, anchor: int, rows: int, head: torch.Tensor, head_q8: bool,
-              extra: torch.Tensor | None) -> torch.Tensor:
+              extra: torch.Tensor | None, states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A DFlash drafting pass in one call (row_decoder.c's draft_bf16): context [c, k*H] target features
         (their keys and values written at past..), the block [anchor, mask...] of `rows` rows, then the head
         (blocks [groups, blocks, bytes]: Q8_0 where head_q8, else the stack's form) and `extra` bf16 rows [e, H]
-        over rows 1.. -> fp32 logits [rows - 1, head outputs + e]. cos / sin: the table's rows from position
-        `past` on."""
+        over rows 1.. -> (fp32 logits [rows - 1, head outputs + e], with `states` rows 1.. before and after the
+        final norm [2, rows - 1, H] bf16, else None). cos / sin: the table's rows from position `past` on."""
         c, context = self.bind(keys, values, context)
         head_n, extra_n = head.shape[0] * 32, 0 if extra is None else extra.shape[0]
         logits = torch.empty(rows - 1, head_n + extra_n)
+        kept = torch.empty(2, rows - 1, self.hidden, dtype=torch.bfloat16) if states else None
         fc, norm, embed = context_in.fc, context_in.norm, context_in.embed
         self.drafting(ctypes.byref(self.shape), _i64(len(self.layers)), self.table, _ptr(self.final_norm.data_ptr()),
                       _i64(past), _i64(c), None if not c else _ptr(context.data_ptr()),
@@ -143,8 +144,9 @@ class FusedStack:
                       _ptr(embed.data_ptr()), _i64(anchor), _i64(context_in.mask_id), _i64(rows),
                       _ptr(cos.data_ptr()), _ptr(sin.data_ptr()), _ptr(own.data_ptr()), _ptr(count.data_ptr()),
                       _i64(own.shape[1]), _ptr(head.data_ptr()), ctypes.c_int(int(head_q8)), _i64(head_n),
-                      None if not extra_n else _ptr(extra.data_ptr()), _i64(extra_n), _ptr(logits.data_ptr()))
-        return logits
+                      None if not extra_n else _ptr(extra.data_ptr()), _i64(extra_n), _ptr(logits.data_ptr()),
+                      None if kept is None else _ptr(kept.data_ptr()))
+        return logits, kept
 
 
 @dataclass(frozen=True)

@@ -150,12 +150,14 @@ void decoder_bf16(const Shape *s, int64_t layers, const Layer *w, const uint16_t
    logits [rows - 1][head_n + extra_n] fp32, the head's rows first (as bf16 values: Q8_0 blocks where head_q8,
    else the stack's form), then `extra` bf16 rows [extra_n, hidden] (a fp32 dot rounded to bf16). Each step is
    the one the per-call path makes, in its order, so both give the same bits but for the extra rows' dot.
-   Products in the stack's form (s->q4). */
+   states, if given, receive block rows 1.. before and after the final norm [2][rows - 1][hidden] (a head that
+   reads both: TreeFlash's). Products in the stack's form (s->q4). */
 void draft_bf16(const Shape *s, int64_t layers, const Layer *w, const uint16_t *final_norm, int64_t past,
                 int64_t context, const uint16_t *features, int64_t fw, const void *fc, const uint16_t *hidden_norm,
                 const uint16_t *embed, int64_t anchor, int64_t mask_id, int64_t rows, const uint16_t *cos,
                 const uint16_t *sin, const int64_t *own, const int64_t *count, int64_t width, const void *head,
-                int head_q8, int64_t head_n, const uint16_t *extra, int64_t extra_n, float *logits) {
+                int head_q8, int64_t head_n, const uint16_t *extra, int64_t extra_n, float *logits,
+                uint16_t *states) {
     const int64_t H = s->hidden, depth = rows - 1, cols = head_n + extra_n;
     uint16_t *ctx = context ? malloc(sizeof(uint16_t) * context * H) : NULL;
     uint16_t *x = malloc(sizeof(uint16_t) * rows * H), *out = malloc(sizeof(uint16_t) * rows * H);
@@ -165,7 +167,13 @@ void draft_bf16(const Shape *s, int64_t layers, const Layer *w, const uint16_t *
     }
     memcpy(x, embed + anchor * H, sizeof(uint16_t) * H);
     for (int64_t r = 1; r < rows; ++r) memcpy(x + r * H, embed + mask_id * H, sizeof(uint16_t) * H);
-    decoder_bf16(s, layers, w, final_norm, past, context, ctx, rows, x, NULL, out, cos, sin, own, count, width);
+    decoder_bf16(s, layers, w, states ? NULL : final_norm, past, context, ctx, rows, x, NULL, out, cos, sin, own,
+                 count, width);
+    if (states) {   /* the final norm as the stack applies it, after keeping the rows before it */
+        memcpy(states, out + H, sizeof(uint16_t) * depth * H);
+        rms_norm_bf16(out, rows, H, H, final_norm, s->eps, out);
+        memcpy(states + depth * H, out + H, sizeof(uint16_t) * depth * H);
+    }
     if (depth > 0) {
         uint16_t *y = malloc(sizeof(uint16_t) * depth * head_n);
         if (head_q8) row_matmul_q8(out + H, depth, H, (const uint8_t *)head, head_n, H, y, head_n, s->threads);
