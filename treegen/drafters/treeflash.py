@@ -86,6 +86,7 @@ class TreeFlashDrafter(BlockDrafter):
         self.model.to(float_dtype(dtype))   # the head and the backbone (block.model)
         super().cast(dtype)
         tune_linears(self.model.ar_approximation, form=self.block.form)
+        self.model.ar_approximation.form = self.block.form   # its ug halves too
         self.make_table()
 
     def draft(self, anchor: int, depth: int) -> DraftTree:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..engine.matmul import Matmul
+from ..engine.matmul import FLOAT, product
 from .checkpoint import CheckpointError, check_fits, config_to_json, read_config, read_state_dict, resolve_checkpoint
 from .dflash import DFlashConfig, DFlashDrafter, RMSNorm
 
@@ -31,6 +31,7 @@ class SwiGLUApproximation(nn.Module):
         self.ug = nn.Linear(2 * hidden, 2 * intermediate)
         self.d = nn.Linear(intermediate, hidden, bias=False)
         self.norm = RMSNorm(hidden, eps)
+        self.form = FLOAT   # the drafting products' form (engine/matmul.product), set by the drafter's cast
         nn.init.zeros_(self.d.weight)
 
     def forward(self, prev_embed: torch.Tensor, normed_hidden: torch.Tensor) -> torch.Tensor:
@@ -48,14 +49,14 @@ class SwiGLUApproximation(nn.Module):
             return F.linear(normed_hidden, self.ug.weight[:, self.norm.weight.shape[0]:], self.ug.bias)
         return self.halves()[1](normed_hidden) + self.ug.bias
 
-    def halves(self) -> tuple[Matmul, Matmul]:
-        """Drafting: ug's token and state halves as products of their own (a column slice of ug's weight is
-        copied by every F.linear), made again when the weight changes."""
+    def halves(self):
+        """Drafting: ug's token and state halves as products of their own in the drafting form (a column slice
+        of ug's weight is copied by every F.linear), made again when the weight or the form changes."""
         w = self.ug.weight
-        key = (w.data_ptr(), w._version, w.dtype)
+        key = (w.data_ptr(), w._version, w.dtype, self.form)
         if self.__dict__.get("_halves_key") != key:
             h = self.norm.weight.shape[0]
-            self._halves = Matmul(w[:, :h].detach().contiguous()), Matmul(w[:, h:].detach().contiguous())
+            self._halves = tuple(product(half.detach().contiguous(), self.form) for half in (w[:, :h], w[:, h:]))
             self._halves_key = key
         return self._halves
 
