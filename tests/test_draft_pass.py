@@ -104,3 +104,28 @@ def test_drafting_through_it_keeps_greedy_output(demo, method, restricted, monke
         assert out.token_ids == demo.generate(prompt, max_new_tokens=32).token_ids
         accepted += out.stats.accepted_drafts
     assert calls and accepted > 0
+
+
+@pytest.mark.parametrize("table", [True, False])
+def test_treeflash_head_in_one_call_is_the_per_call_heads(demo, table, monkeypatch):
+    """TreeFlash's (depth, candidate) rows through one compiled call (fused.FusedStack.treeflash_head) score the
+    same support as the per-call ops, close (its own SiLU and norms), with or without the token table."""
+    from treegen.drafters.treeflash import TreeFlashDrafter
+
+    g = block_drafting(demo, "treeflash")
+    drafter = g.draft_model
+    if not table:   # SmolLM2's case: the vocabulary is too large for a table
+        drafter.table = None
+    g.generate(PROMPT, max_new_tokens=12)
+    with torch.inference_mode():
+        marginal, (hidden, normed) = drafter.block.compiled_marginal(17, 4, states=True)
+        parts = drafter.parts_of(marginal, normed)
+        assert drafter.compiled_head(hidden) is not None
+        fast = drafter.scored(hidden, 17, parts)
+        monkeypatch.setattr(TreeFlashDrafter, "compiled_head", lambda self, hidden: None)
+        slow = drafter.scored(hidden, 17, parts)
+    assert torch.equal(fast.top_m, slow.top_m) and torch.equal(fast.support, slow.support)
+    assert torch.equal(fast.share, slow.share) and fast.logits.shape == slow.logits.shape
+    finite = slow.logits.isfinite()
+    assert torch.equal(fast.logits.isfinite(), finite)
+    torch.testing.assert_close(fast.logits[finite], slow.logits[finite], rtol=0.05, atol=0.25)

@@ -15,7 +15,9 @@ from typing import NamedTuple
 
 import torch
 
-from ..engine.matmul import tune_linears
+from ..engine.fused import TokenHalf
+from ..engine.matmul import tune_linears, tuned_product
+from ..engine.q4 import Q4Weight
 from ..engine.tree import DraftTree, widths
 from ..models.treeflash import TreeFlashModel, fits, load_treeflash
 from . import defaults as D
@@ -295,6 +297,16 @@ class TreeFlashDrafter(BlockDrafter):
         top_m = ranked[:, :m]                                                        # [D, m]
         prev = torch.cat([torch.tensor([anchor], device=hidden.device), top_m[:-1].flatten()])
         pos = torch.arange(depth, device=hidden.device).repeat_interleave(m)[m - 1:]
+        compiled = self.compiled_head(hidden) if self.support else None
+        if compiled is not None:   # the rows below in one compiled call
+            stack, token_half, d = compiled
+            support = ranked[:, :self.support]
+            outside = None if self.block.vocab is None else self.outside(support)
+            rows = stack.treeflash_head(pos, prev, token_half, state.contiguous(), d, hidden.contiguous(), support,
+                                        self.block.lm_head.weight, outside)
+            logits = torch.cat([rows[:1].expand(m, -1), rows[1:]]).view(depth, m, -1)
+            share = top.values[:, :self.support].logsumexp(-1) - top.lse
+            return Scored(top_m, support, logits, columns[:, :self.support], share)
         delta = head.combine(self.token_part(prev), state.index_select(0, pos))
         states = final_norm(hidden.index_select(0, pos) + delta)                    # [1 + (D-1)m, H]
         states = torch.cat([states[:1].expand(m, -1), states[1:]]).view(depth, m, -1)
@@ -304,6 +316,30 @@ class TreeFlashDrafter(BlockDrafter):
         logits = gathered_logits(states, self.block.lm_head.weight, support) + self.outside(support)[:, None]
         share = top.values[:, :self.support].logsumexp(-1) - top.lse
         return Scored(top_m, support, logits, columns[:, :self.support], share)      # [D, m, s]
+
+    def compiled_head(self, hidden: torch.Tensor) -> tuple | None:
+        """(the drafter's compiled stack, how it makes a token's half, the head's last product) where scored()'s
+        rows can run as one compiled call: drafting through the compiled pass (4-bit blocks on a CPU) with
+        the head's products in that form; None elsewhere. Resolved once per pass (a generation)."""
+        drafting = self.block.compiled_pass()
+        key = (id(drafting), id(self.table))
+        if self.__dict__.get("_head_key") == key:
+            return self._head
+        self._head_key, self._head = key, None
+        head = self.model.ar_approximation
+        token, d = head.halves()[0], tuned_product(head.d)
+        weights = (self.block.lm_head.weight, self.block.embed.weight, head.norm.weight)
+        if drafting is None or type(d) is not Q4Weight or hidden.dtype != torch.bfloat16 \
+                or any(w.dtype != torch.bfloat16 or not w.is_contiguous() for w in weights):
+            return None
+        if self.table is None and type(token) is not Q4Weight:
+            return None
+        if self.table is not None and (self.table.dtype != torch.bfloat16 or not self.table.is_contiguous()):
+            return None
+        half = TokenHalf(self.table, weights[1].detach(), weights[2].detach(),
+                         None if self.table is not None else token.packed)
+        self._head = drafting[0], half, d.packed
+        return self._head
 
     def outside(self, support: torch.Tensor) -> torch.Tensor:
         """-inf for support tokens outside the drafter's vocabulary (the `vocab` option), else 0: the support

@@ -84,6 +84,7 @@ class FusedStack:
         self.bound: tuple[list, list] | None = None     # ... and to those the table points into
         self.kernel = kernels.decoder_library().decoder_bf16
         self.drafting = kernels.decoder_library().draft_bf16
+        self.heading = kernels.decoder_library().treeflash_head_bf16
         self.hidden = hidden
 
     def holds(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> bool:
@@ -147,6 +148,39 @@ class FusedStack:
                       None if not extra_n else _ptr(extra.data_ptr()), _i64(extra_n), _ptr(logits.data_ptr()),
                       None if kept is None else _ptr(kept.data_ptr()))
         return logits, kept
+
+
+    def treeflash_head(self, pos: torch.Tensor, prev: torch.Tensor, token_half: TokenHalf, state_half: torch.Tensor,
+                       d: torch.Tensor, hidden: torch.Tensor, support: torch.Tensor, lm_head: torch.Tensor,
+                       outside: torch.Tensor | None) -> torch.Tensor:
+        """TreeFlash's head in one call (row_decoder.c's treeflash_head_bf16): row r conditions block depth
+        pos[r] on token prev[r] -> fp32 logits [R, s] over that depth's support [D, s] (lm_head [V, H] rows,
+        plus outside [D, s] where given). state_half [D, 2I] and hidden [D, H] (before the final norm) bf16;
+        d: the head's last product in the stack's form."""
+        rows, s = pos.shape[0], support.shape[1]
+        logits = torch.empty(rows, s)
+        pos, prev, support = pos.contiguous(), prev.contiguous(), support.contiguous()
+        table = token_half.table
+        self.shape.threads = torch.get_num_threads()
+        self.heading(ctypes.byref(self.shape), _i64(rows), _ptr(pos.data_ptr()), _ptr(prev.data_ptr()),
+                     None if table is None else _ptr(table.data_ptr()), _ptr(token_half.embed.data_ptr()),
+                     _ptr(token_half.norm.data_ptr()), None if token_half.product is None else
+                     _ptr(token_half.product.data_ptr()), _ptr(state_half.data_ptr()), _ptr(d.data_ptr()),
+                     _ptr(hidden.data_ptr()), _ptr(self.final_norm.data_ptr()), _ptr(support.data_ptr()), _i64(s),
+                     _ptr(lm_head.data_ptr()), None if outside is None else _ptr(outside.data_ptr()),
+                     _ptr(logits.data_ptr()))
+        return logits
+
+
+@dataclass(frozen=True)
+class TokenHalf:
+    """How TreeFlash's head makes a token's half of its first product: a row of `table` [V, 2I] bf16 where
+    there is one, else that half (`product`, in the stack's form) over the token's embedding [V, H] after the
+    head's norm."""
+    table: torch.Tensor | None
+    embed: torch.Tensor
+    norm: torch.Tensor
+    product: torch.Tensor | None
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,7 @@ def decoder_library() -> ctypes.CDLL | None:
     lib = build(DECODER_SOURCE, SOURCE, MATMUL_SOURCE, OPS_SOURCE, Q4_SOURCE)
     if lib is None or not lib.decoder_available():
         return None
-    lib.decoder_bf16.restype = lib.draft_bf16.restype = None
+    lib.decoder_bf16.restype = lib.draft_bf16.restype = lib.treeflash_head_bf16.restype = None
     return lib
 
 

@@ -56,18 +56,20 @@ static void add_rows(uint16_t *x, const uint16_t *y, int64_t count) {
     for (int64_t i = 0; i < count; ++i) x[i] = to_bf16(from_bf16(x[i]) + from_bf16(y[i]));
 }
 
-/* act = bf16(silu(gate)) * up, rounded to bf16; gate_up rows hold [gate | up]. silu(x) = x * s(x) with
+/* act = bf16(silu(gate)) * up, rounded to bf16; a row's gate and up start `stride` values after the last
+   row's (a stacked product's rows: [gate | up], gate = up + inter for TreeFlash's head). silu(x) = x * s(x) with
    e = e^-|x| (row_common.h's exp, 16 values an instruction where libm's expf is a call per value):
    s(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below. Each value alone, so neither the row count nor the
    threads (which split the values) move a bit. inter % 16 == 0 (fused.shapes_fit). */
-static void silu_mul(const uint16_t *gate_up, int64_t rows, int64_t inter, uint16_t *act, int threads) {
+static void silu_mul(const uint16_t *gate, const uint16_t *up, int64_t stride, int64_t rows, int64_t inter,
+                     uint16_t *act, int threads) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
     const int64_t chunk = 256, chunks = (inter + chunk - 1) / chunk;
     _Pragma("omp parallel for schedule(static) num_threads(threads)")
     for (int64_t job = 0; job < rows * chunks; ++job) {
         const int64_t r = job / chunks, start = (job % chunks) * chunk;
         const int64_t end = start + chunk < inter ? start + chunk : inter;
-        const uint16_t *g = gate_up + r * 2 * inter, *u = g + inter;
+        const uint16_t *g = gate + r * stride, *u = up + r * stride;
         for (int64_t i = start; i < end; i += 16) {
             __m512 x = load_bf16(g + i);
             __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
@@ -80,7 +82,7 @@ static void silu_mul(const uint16_t *gate_up, int64_t rows, int64_t inter, uint1
         }
     }
 #else
-    (void)gate_up; (void)rows; (void)inter; (void)act; (void)threads;   /* the stack runs on AVX512-BF16 only */
+    (void)gate; (void)up; (void)stride; (void)rows; (void)inter; (void)act; (void)threads;   /* AVX512-BF16 only */
 #endif
 }
 
@@ -133,7 +135,7 @@ void decoder_bf16(const Shape *s, int64_t layers, const Layer *w, const uint16_t
         add_rows(x, o, rows * H);
         rms_norm_bf16(x, rows, H, H, L->norm2, s->eps, h);
         product(s, h, rows, H, L->gate_up, 2 * I, H, gu, 2 * I);
-        silu_mul(gu, rows, I, act, threads);
+        silu_mul(gu, gu + I, 2 * I, rows, I, act, threads);
         product(s, act, rows, I, L->down, H, I, o, H);
         add_rows(x, o, rows * H);
         if (states) memcpy(states + (l + 1) * rows * H, x, sizeof(uint16_t) * rows * H);
@@ -190,4 +192,56 @@ void draft_bf16(const Shape *s, int64_t layers, const Layer *w, const uint16_t *
         free(y);
     }
     free(ctx); free(x); free(out);
+}
+
+/* TreeFlash's head over R rows in one call (drafters/treeflash.py `scored`): row r conditions block depth pos[r]
+   on the token prev[r]. x = the token's half of the head's first product (a row of `table` [V, 2I] where given,
+   else that half over the token's embedding after the head's norm) + the depth's state half [D, 2I], a bf16 add
+   as torch's; act = bf16(silu(x[I:])) * x[:I]; the row's state = final_norm(hidden[pos] + d(act)) (hidden: the
+   block's rows 1.. before the final norm, [D, H]); then its logits over the depth's support [D, n_support]:
+   the fp32 dot of the state with each support token's lm_head row [V, H], plus outside [D, n_support] (0 or
+   -inf; NULL: none). Products in the stack's form (s->q4); each row alone, in a fixed order. */
+void treeflash_head_bf16(const Shape *s, int64_t R, const int64_t *pos, const int64_t *prev, const uint16_t *table,
+                         const uint16_t *embed, const uint16_t *head_norm, const void *ug_token,
+                         const uint16_t *state_half, const void *d, const uint16_t *hidden,
+                         const uint16_t *final_norm, const int64_t *support, int64_t n_support,
+                         const uint16_t *lm_head, const float *outside, float *logits) {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+    const int64_t H = s->hidden, I = s->inter, W = 2 * I;
+    uint16_t *x = malloc(sizeof(uint16_t) * R * W), *act = malloc(sizeof(uint16_t) * R * I);
+    uint16_t *state = malloc(sizeof(uint16_t) * R * H);
+    if (table) {
+        for (int64_t r = 0; r < R; ++r) memcpy(x + r * W, table + prev[r] * W, sizeof(uint16_t) * W);
+    } else {
+        uint16_t *e = malloc(sizeof(uint16_t) * R * H);
+        for (int64_t r = 0; r < R; ++r) memcpy(e + r * H, embed + prev[r] * H, sizeof(uint16_t) * H);
+        rms_norm_bf16(e, R, H, H, head_norm, s->eps, e);
+        product(s, e, R, H, ug_token, W, H, x, W);
+        free(e);
+    }
+    for (int64_t r = 0; r < R; ++r) add_rows(x + r * W, state_half + pos[r] * W, W);
+    silu_mul(x + I, x, W, R, I, act, s->threads);
+    product(s, act, R, I, d, H, I, state, H);
+    for (int64_t r = 0; r < R; ++r) {   /* hidden + delta, rounded as torch's bf16 add */
+        uint16_t *row = state + r * H;
+        const uint16_t *h = hidden + pos[r] * H;
+        for (int64_t i = 0; i < H; ++i) row[i] = to_bf16(from_bf16(h[i]) + from_bf16(row[i]));
+    }
+    rms_norm_bf16(state, R, H, H, final_norm, s->eps, state);
+    _Pragma("omp parallel for schedule(static) num_threads(s->threads)")
+    for (int64_t job = 0; job < R * n_support; ++job) {
+        const int64_t r = job / n_support, j = job % n_support, at = pos[r] * n_support + j;
+        const uint16_t *w = lm_head + support[at] * H, *v = state + r * H;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < H; i += 16) acc = _mm512_fmadd_ps(load_bf16(v + i), load_bf16(w + i), acc);
+        float lanes[LANES];
+        _mm512_storeu_ps(lanes, acc);
+        logits[job] = lane_tree(lanes) + (outside ? outside[at] : 0.0f);
+    }
+    free(x); free(act); free(state);
+#else
+    (void)s; (void)R; (void)pos; (void)prev; (void)table; (void)embed; (void)head_norm; (void)ug_token;
+    (void)state_half; (void)d; (void)hidden; (void)final_norm; (void)support; (void)n_support; (void)lm_head;
+    (void)outside; (void)logits;
+#endif
 }
