@@ -79,7 +79,9 @@ class VerifyCost:
                 for n in rows:
                     t0 = time.perf_counter()
                     logits, _ = step(*inputs[n], cache)
-                    logits.row(0)  # a lazy step projects the rows the walk reads; one stands for them
+                    if step.lazy and n > 1 and not logits.whole:   # as a round's forward projects a tree's rows (target.Projection)
+                        logits.project_all()
+                    logits.row(0)
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     times[n].append(time.perf_counter() - t0)
@@ -113,7 +115,7 @@ def cost_key(model) -> str:
         (f"+mm:{step.head.form}" if isinstance(step.head, RowMatmul) else "")
     device = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else machine()
     return (f"{name}|{weight_form(model)}|{model.dtype}|{model.device}|{device}|threads={torch.get_num_threads()}"
-            f"|torch={torch.__version__}|{step}+invariant|kernels={kernels.tag()}")
+            f"|torch={torch.__version__}|{step}+invariant+rows|kernels={kernels.tag()}")
 
 
 def verify_cost(model, path: Path | None = None) -> VerifyCost:
