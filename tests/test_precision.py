@@ -84,7 +84,9 @@ def test_block_drafting_keeps_greedy_output(demo, method):
     assert_greedy_output(demo, g)
     for b in blocks(g.draft_model):
         assert b.model.compiled_stack(torch.zeros(1, dtype=torch.bfloat16)).shape.q4 == 1
-        assert isinstance(b.model.fc_product.projections.parts[0], Q4Weight)
+        # fc in 4-bit blocks: the per-call product where it ran, the compiled pass's layout where that served
+        fc = b.model.fc_product.projections
+        assert b.model.fc_product.form == "q4" and (fc is None or isinstance(fc.parts[0], Q4Weight))
 
 
 def test_auto_drafts_in_blocks_beside_a_q4_target():
