@@ -297,7 +297,7 @@ class TreeFlashDrafter(BlockDrafter):
         top_m = ranked[:, :m]                                                        # [D, m]
         prev = torch.cat([torch.tensor([anchor], device=hidden.device), top_m[:-1].flatten()])
         pos = torch.arange(depth, device=hidden.device).repeat_interleave(m)[m - 1:]
-        compiled = self.compiled_head(hidden) if self.support else None
+        compiled = self.compiled_head(hidden) if self.support and state.dtype == torch.bfloat16 else None
         if compiled is not None:   # the rows below in one compiled call
             stack, token_half, d = compiled
             support = ranked[:, :self.support]
