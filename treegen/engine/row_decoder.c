@@ -222,11 +222,7 @@ void treeflash_head_bf16(const Shape *s, int64_t R, const int64_t *pos, const in
     for (int64_t r = 0; r < R; ++r) add_rows(x + r * W, state_half + pos[r] * W, W);
     silu_mul(x + I, x, W, R, I, act, s->threads);
     product(s, act, R, I, d, H, I, state, H);
-    for (int64_t r = 0; r < R; ++r) {   /* hidden + delta, rounded as torch's bf16 add */
-        uint16_t *row = state + r * H;
-        const uint16_t *h = hidden + pos[r] * H;
-        for (int64_t i = 0; i < H; ++i) row[i] = to_bf16(from_bf16(h[i]) + from_bf16(row[i]));
-    }
+    for (int64_t r = 0; r < R; ++r) add_rows(state + r * H, hidden + pos[r] * H, H);   /* delta + hidden */
     rms_norm_bf16(state, R, H, H, final_norm, s->eps, state);
     _Pragma("omp parallel for schedule(static) num_threads(s->threads)")
     for (int64_t job = 0; job < R * n_support; ++job) {
