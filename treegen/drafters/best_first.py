@@ -60,5 +60,29 @@ def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, bu
 
 def marginal_tree(logp: torch.Tensor, tokens: torch.Tensor, budget: int) -> DraftTree:
     """DDTree's case: per-depth top-k [D, K], one row per depth, every node continues at the next depth."""
+    if logp.numel() <= SMALL and logp.device.type == "cpu":
+        return _marginal_on_host(logp.tolist(), tokens.tolist(), budget)
     logp, tokens = logp[:, None], tokens[:, None]
     return best_first(logp, tokens, torch.zeros_like(tokens), budget)
+
+
+def _marginal_on_host(lp: list[list[float]], tok: list[list[int]], budget: int) -> DraftTree:
+    """best_first over one row per depth, every node linked to the next depth's row, on host lists (a
+    fixed small tree's round: no tables to stack and copy). The same heap entries, so the same pops."""
+    depth_n, k = len(lp), len(lp[0]) if lp else 0
+    heap = [(-lp[0][0], 0, 0, 0, -1, 0.0)] if k else []
+    out_tok, out_par, out_depth, out_score = [], [], [], []
+    while heap and len(out_tok) < budget:
+        neg, d, r, rank, parent, base = heapq.heappop(heap)
+        if neg == float("inf"):
+            break
+        node = len(out_tok)
+        out_tok.append(tok[d][rank]), out_par.append(parent), out_depth.append(d + 1), out_score.append(-neg)
+        if rank + 1 < k:
+            heapq.heappush(heap, (-(base + lp[d][rank + 1]), d, r, rank + 1, parent, base))
+        if d + 1 < depth_n:
+            heapq.heappush(heap, (neg - lp[d + 1][0], d + 1, 0, 0, node, -neg))
+    if not out_tok:
+        return DraftTree.empty()
+    tokens, parents, depths = torch.tensor([out_tok, out_par, out_depth])
+    return DraftTree(tokens, parents, depths, torch.tensor(out_score))

@@ -42,7 +42,7 @@ class DDTreeDrafter(BlockDrafter):
         scores = self.block.marginal(anchor, min(depth, nodes))
         top = top_k(scores.logits, min(self.top_k, nodes))
         with self.building(scores.logits.device):
-            return scores.on_vocab(marginal_tree(top.values - top.lse[:, None], top.columns, nodes))
+            return marginal_tree(top.values - top.lse[:, None], scores.tokens(top.columns), nodes)
 
     def tree(self, logp: torch.Tensor) -> DraftTree:
         if self.law is None:   # no node of `nodes` ranks lower among its siblings, nor lies deeper

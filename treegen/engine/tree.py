@@ -199,9 +199,15 @@ def _ancestors_on_device(tree: DraftTree) -> torch.Tensor:
 def _ancestors_on_host(tree: DraftTree) -> torch.Tensor:
     """ancestor_matrix for a few dozen nodes: a walk over lists costs less than a dozen tensor ops (plain
     decoding and most rounds build a mask every step)."""
-    n = len(tree)
+    return _ancestors_of_shape(tuple(tree.parents.tolist())).clone()
+
+
+@functools.lru_cache(maxsize=1024)
+def _ancestors_of_shape(parents: tuple[int, ...]) -> torch.Tensor:
+    """A small tree's ancestor matrix by its shape (parents): rounds repeat a few shapes. Shared: read only."""
+    n = len(parents)
     seen = [[0]]   # per row: the rows it sees (the anchor, its ancestors, itself); parents come first
-    for i, p in enumerate(tree.parents.tolist()):
+    for i, p in enumerate(parents):
         seen.append(seen[p + 1] + [i + 1])
     allowed = [False] * (n + 1) ** 2
     for r, cols in enumerate(seen):
@@ -210,18 +216,27 @@ def _ancestors_on_host(tree: DraftTree) -> torch.Tensor:
     return torch.tensor(allowed).view(n + 1, n + 1)
 
 
+@functools.lru_cache(maxsize=1024)
+def _hidden_of_shape(parents: tuple[int, ...]) -> torch.Tensor:
+    """~_ancestors_of_shape: the cells a small tree's mask closes. Shared: read only."""
+    return ~_ancestors_of_shape(parents)
+
+
 def verification_inputs(anchor: int, tree: DraftTree, past_len: int, dtype: torch.dtype):
     """input_ids [1, n+1], position_ids [1, n+1] and the additive 4D mask [1, 1, n+1, past_len+n+1]: the
     committed positions open to every row, the tree's block its ancestor matrix."""
     device, n = tree.tokens.device, len(tree)
-    if device.type == "cpu" and n <= HOST_ROWS:   # lists, as ancestor_matrix
-        ids = torch.tensor([[anchor] + tree.tokens.tolist()])
-        positions = torch.tensor([[past_len] + [past_len + d for d in tree.depth.tolist()]])
-    else:
-        ids = torch.cat([torch.tensor([anchor], device=device), tree.tokens]).view(1, -1)
-        positions = (past_len + torch.cat([torch.zeros(1, dtype=torch.long, device=device), tree.depth])).view(1, -1)
     mask = torch.zeros(1, 1, n + 1, past_len + n + 1, dtype=dtype, device=device)
-    if n:   # a lone anchor sees everything
+    if device.type == "cpu" and n <= HOST_ROWS:   # lists, and the closed cells by the tree's shape
+        both = torch.tensor([[anchor] + tree.tokens.tolist(), [past_len] + [past_len + d for d in tree.depth.tolist()]])
+        ids, positions = both[:1], both[1:]
+        if n:   # a lone anchor sees everything
+            mask[0, 0, :, past_len:].masked_fill_(_hidden_of_shape(tuple(tree.parents.tolist())),
+                                                  torch.finfo(dtype).min)
+        return ids, positions, mask
+    ids = torch.cat([torch.tensor([anchor], device=device), tree.tokens]).view(1, -1)
+    positions = (past_len + torch.cat([torch.zeros(1, dtype=torch.long, device=device), tree.depth])).view(1, -1)
+    if n:
         mask[0, 0, :, past_len:].masked_fill_(~ancestor_matrix(tree), torch.finfo(dtype).min)
     return ids, positions, mask
 
