@@ -95,6 +95,22 @@ class GrowingLayer(DynamicLayer):
             self._length = max(self._length + tokens_to_remove, 0)
 
 
+def step_buffers(layers: list, end: int, like: torch.Tensor) -> tuple[list, list] | None:
+    """Every layer's key and value buffers with room for `end` positions (GrowingLayer.buffers), or None where
+    a layer is not a GrowingLayer or has none to give. The layers grow together, so a step finds room in all
+    of them but at a doubling: then it reads the buffers without a call per layer."""
+    if not all(type(layer) is GrowingLayer for layer in layers):
+        return None
+    keys, values = [layer._keys for layer in layers], [layer._values for layer in layers]
+    if all(layer.is_initialized and k is not None and k.dim() == 4 and end <= k.shape[-2]
+           for layer, k in zip(layers, keys)):
+        return keys, values
+    buffers = [layer.buffers(end, like) for layer in layers]
+    if any(b is None for b in buffers):
+        return None
+    return [b[0] for b in buffers], [b[1] for b in buffers]
+
+
 def new_cache(model):
     """transformers' DynamicCache for the model's config, its full-attention layers growing in place."""
     cache = DynamicCache(config=model.config)

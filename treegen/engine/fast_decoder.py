@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from . import fused, invariant, kernels
-from .cache import GrowingLayer
+from .cache import step_buffers
 from .forms import OWN, own_weight
 from .int8 import Int8Weight
 from .matmul import Matmul, RowMatmul, matmul_for
@@ -210,14 +210,12 @@ class FastDecoder:
     def compiled(self, x, cos, sin, mask, cache) -> tuple[torch.Tensor, Sequence[torch.Tensor]] | None:
         """__call__ through the compiled stack, or None where the cache is not one it writes into."""
         n, layers = x.shape[1], cache.layers
-        if not all(type(layer) is GrowingLayer for layer in layers):
-            return None
         past = layers[0].get_seq_length()
         like = x.new_empty(1, self.stack.shape.kv_heads, 0, self.head_dim)   # a prompt's forward starts the cache
-        buffers = [layer.buffers(past + n, like) for layer in layers]
-        if any(b is None for b in buffers):
+        buffers = step_buffers(layers, past + n, like)
+        if buffers is None:
             return None
-        keys, values = [b[0] for b in buffers], [b[1] for b in buffers]
+        keys, values = buffers
         if not self.stack.holds(keys, values):
             return None
         _, own, count = invariant.tree_order(mask)
