@@ -220,3 +220,29 @@ def test_compiled_compaction_moves_the_rows_torch_moves(dtype, monkeypatch):
     compact(caches[1], past, keep)
     for a, b in zip(caches[0].layers, caches[1].layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_step_buffers_are_the_layers_buffers_with_room(monkeypatch):
+    """A compiled forward's buffers (cache.step_buffers): each layer's own, read without a call per layer while
+    they have room, grown (keeping the rows) when a step passes their capacity; None for other layers."""
+    monkeypatch.setattr(cache_module, "MIN_CAPACITY", 4)
+    cache = new_cache(MODELS["qwen3"])
+    like = torch.zeros(1, 2, 0, 8)
+    first = cache_module.step_buffers(cache.layers, 3, like)
+    assert first is not None and all(k.shape[-2] == 4 for k in first[0] + first[1])
+    for layer in cache.layers:
+        layer._keys[..., :3, :] = 1.0
+        layer.advance(3)
+    again = cache_module.step_buffers(cache.layers, 4, like)
+    assert all(a is b for a, b in zip(again[0] + again[1], first[0] + first[1]))   # room: the same buffers
+    grown = cache_module.step_buffers(cache.layers, 5, like)
+    assert all(k.shape[-2] == 8 and bool((k[..., :3, :] == 1).all()) for k in grown[0])
+    assert all(layer._keys is k for layer, k in zip(cache.layers, grown[0]))
+    assert cache_module.step_buffers([object()], 1, like) is None
+
+
+def test_kept_rows_are_the_accepted_rows():
+    from treegen.engine.generate import kept_rows
+    feats = torch.arange(24.0).view(6, 4)
+    for rows in ([0], [0, 1], [0, 1, 2, 3], [0, 2], [0, 1, 4], [0, 3, 5]):
+        assert torch.equal(kept_rows(feats, rows), feats[rows])

@@ -80,6 +80,19 @@ def test_marginal_tree_is_the_one_row_case():
     assert set(tree_paths(tree)) == brute_force(top.values[:, None], top.indices[:, None], ones, 30)
 
 
+@pytest.mark.parametrize("depth_n, k, budget", [(5, 6, 30), (2, 2, 2), (3, 3, 3), (1, 4, 2), (4, 1, 9)])
+def test_marginal_tree_on_host_lists_is_best_first(depth_n, k, budget):
+    # a small tree is built from host lists (no tables): the very nodes, order and scores of the general builder
+    g = torch.Generator().manual_seed(depth_n * 10 + k)
+    top = torch.log_softmax(torch.randn(depth_n, 20, generator=g), -1).topk(k, -1)
+    values = top.values.clone()
+    values[-1, -1] = -torch.inf   # a token the head does not score: never a node
+    fast = marginal_tree(values, top.indices, budget)
+    general = best_first(values[:, None], top.indices[:, None], torch.zeros(depth_n, 1, k, dtype=torch.long), budget)
+    for name in ("tokens", "parents", "depth", "scores"):
+        assert torch.equal(getattr(fast, name), getattr(general, name)), name
+
+
 # --- the model, its layout and the drafter on tiny real models -------------------------------------------
 
 @pytest.fixture(scope="module")
