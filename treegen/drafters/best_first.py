@@ -35,8 +35,12 @@ def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, bu
     come in order of score, so the result is exactly the top-`budget` prefixes; a prefix of log-prob -inf
     (a token the drafter's head does not score) is never one, so fewer may come back.
     """
-    depth_n, rows, k = logp.shape
-    lp, tok, link = host_tables(logp, tokens, links)
+    return _walk(*host_tables(logp, tokens, links), logp.shape, budget, logp.device)
+
+
+def _walk(lp, tok, link, shape: tuple[int, int, int], budget: int, dev: torch.device) -> DraftTree:
+    """best_first's heap over the flat host tables (lp, tok, link: sequences indexed (d * rows + r) * k + rank)."""
+    depth_n, rows, k = shape
     at = lambda d, r, rank: (d * rows + r) * k + rank   # the flat tables' index of an entry
     heap = [(-float(lp[0]), 0, 0, 0, -1, 0.0)]  # (-score, depth, row, rank, parent node, parent score)
     out_tok, out_par, out_depth, out_score = [], [], [], []
@@ -51,7 +55,6 @@ def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, bu
         nxt = int(link[here])
         if d + 1 < depth_n and nxt >= 0:
             heapq.heappush(heap, (neg - float(lp[at(d + 1, nxt, 0)]), d + 1, nxt, 0, node, -neg))
-    dev = logp.device
     if not out_tok:
         return DraftTree.empty(dev)
     tokens, parents, depths = torch.tensor([out_tok, out_par, out_depth], device=dev)   # one host-to-device copy
@@ -59,30 +62,11 @@ def best_first(logp: torch.Tensor, tokens: torch.Tensor, links: torch.Tensor, bu
 
 
 def marginal_tree(logp: torch.Tensor, tokens: torch.Tensor, budget: int) -> DraftTree:
-    """DDTree's case: per-depth top-k [D, K], one row per depth, every node continues at the next depth."""
+    """DDTree's case: per-depth top-k [D, K], one row per depth, every node continues at the next depth. A
+    small one on the host (a fixed small tree's round) goes to the walk as plain lists: no tables to stack."""
+    shape = (logp.shape[0], 1, logp.shape[1])
     if logp.numel() <= SMALL and logp.device.type == "cpu":
-        return _marginal_on_host(logp.tolist(), tokens.tolist(), budget)
+        return _walk(logp.flatten().tolist(), tokens.flatten().tolist(), [0] * logp.numel(), shape, budget,
+                     logp.device)
     logp, tokens = logp[:, None], tokens[:, None]
     return best_first(logp, tokens, torch.zeros_like(tokens), budget)
-
-
-def _marginal_on_host(lp: list[list[float]], tok: list[list[int]], budget: int) -> DraftTree:
-    """best_first over one row per depth, every node linked to the next depth's row, on host lists (a
-    fixed small tree's round: no tables to stack and copy). The same heap entries, so the same pops."""
-    depth_n, k = len(lp), len(lp[0]) if lp else 0
-    heap = [(-lp[0][0], 0, 0, 0, -1, 0.0)] if k else []
-    out_tok, out_par, out_depth, out_score = [], [], [], []
-    while heap and len(out_tok) < budget:
-        neg, d, r, rank, parent, base = heapq.heappop(heap)
-        if neg == float("inf"):
-            break
-        node = len(out_tok)
-        out_tok.append(tok[d][rank]), out_par.append(parent), out_depth.append(d + 1), out_score.append(-neg)
-        if rank + 1 < k:
-            heapq.heappush(heap, (-(base + lp[d][rank + 1]), d, r, rank + 1, parent, base))
-        if d + 1 < depth_n:
-            heapq.heappush(heap, (neg - lp[d + 1][0], d + 1, 0, 0, node, -neg))
-    if not out_tok:
-        return DraftTree.empty()
-    tokens, parents, depths = torch.tensor([out_tok, out_par, out_depth])
-    return DraftTree(tokens, parents, depths, torch.tensor(out_score))

@@ -55,8 +55,13 @@ class GrowingLayer(DynamicLayer):
     def values(self, tensor):
         self._values = tensor
 
+    @property
+    def started(self) -> bool:
+        """Whether the layer holds buffers (made by its first update or buffers())."""
+        return self.is_initialized and self._keys is not None and self._keys.dim() >= 2
+
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized or self._keys is None or self._keys.dim() < 2:
+        if not self.started:
             self.device, self.is_initialized = key_states.device, True
             self._keys = self._values = None
             self._length = 0
@@ -75,7 +80,7 @@ class GrowingLayer(DynamicLayer):
         """The key and value buffers with room for `end` positions, for a writer that fills them itself and
         then moves the length (engine/fused.py); before the first update, new ones shaped, typed and placed
         as `like` [1, KV, 0, D] (None without it)."""
-        if not self.is_initialized or self._keys is None or self._keys.dim() < 2:
+        if not self.started:
             if like is None:
                 return None
             self.device, self.is_initialized, self._length = like.device, True, 0
@@ -102,8 +107,7 @@ def step_buffers(layers: list, end: int, like: torch.Tensor) -> tuple[list, list
     if not all(type(layer) is GrowingLayer for layer in layers):
         return None
     keys, values = [layer._keys for layer in layers], [layer._values for layer in layers]
-    if all(layer.is_initialized and k is not None and k.dim() == 4 and end <= k.shape[-2]
-           for layer, k in zip(layers, keys)):
+    if all(layer.started and end <= k.shape[-2] for layer, k in zip(layers, keys)):
         return keys, values
     buffers = [layer.buffers(end, like) for layer in layers]
     if any(b is None for b in buffers):
