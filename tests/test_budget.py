@@ -25,6 +25,41 @@ def test_cost_interpolates_and_extrapolates():
     assert cost(torch.tensor([0]))[0] == pytest.approx(1.0)   # below the table: the one-row time
 
 
+def test_cost_table_reads_what_the_interpolation_gives():
+    """Whole row counts read a table made once: the same float32 values the interpolation gives, in and past
+    the measured range; other row counts (fractions, past the table) interpolate."""
+    cost = B.VerifyCost((1, 2, 4, 8, 12, 16, 24, 32), (4.4, 4.4, 4.6, 6.3, 8.6, 11.1, 16.5, 21.6))
+    rows = torch.arange(0, B.TABLE_ROWS + 1).numpy()
+    assert (cost(rows) == cost.interpolate(rows)).all()
+    assert cost.at(7) == float(cost.interpolate([7])[0]) and cost.at(B.TABLE_ROWS + 40) > cost.at(B.TABLE_ROWS)
+    assert cost([2.5])[0] == pytest.approx(4.45)
+
+
+def test_trim_of_a_best_first_tree_keeps_what_sorting_keeps():
+    """A tree already in best-first order (a heap walk's) is trimmed to a prefix without sorting: the same nodes
+    as the general path (argsort, then select), on random trees of both kinds."""
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(40):
+        n = int(torch.randint(1, 40, (1,), generator=gen))
+        parents = [int(torch.randint(-1, i, (1,), generator=gen)) if i else -1 for i in range(n)]
+        steps = -torch.rand(n, generator=gen)
+        scores = torch.zeros(n)
+        for i, p in enumerate(parents):
+            scores[i] = steps[i] + (scores[p] if p >= 0 else 0.0)
+        if trial % 2:   # best-first: sorted, parents before children (a child's path score is lower)
+            scores = -torch.arange(n, dtype=torch.float32) * 0.3
+        tree = DraftTree(torch.arange(n) + 10, torch.tensor(parents), scores=scores)
+        a, b = B.AutoBudget(B.VerifyCost((1, 64), (0.01, 0.02))), B.AutoBudget(B.VerifyCost((1, 64), (0.01, 0.02)))
+        fast = a.trim(tree, 0.001)
+        order = torch.argsort(-scores, stable=True)
+        size = b.choose(scores[order].numpy())
+        keep = torch.zeros(n, dtype=torch.bool)
+        keep[order[:size]] = True
+        slow = tree.select(keep)
+        assert fast.tokens.tolist() == slow.tokens.tolist() and fast.parents.tolist() == slow.parents.tolist()
+        assert a.verified == size and list(a.depths) == [int(slow.depth.max()) if size else 0]
+
+
 def test_select_is_prefix_closed():
     tree = DraftTree(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([-1, 0, 1, -1, 3]),
                      scores=torch.tensor([-0.1, -0.5, -0.9, -0.2, -0.3]))

@@ -38,6 +38,7 @@ REST_AFTER = 4                        # drafting rounds seen before the running 
 CAP_WINDOW, CAP_FLOOR = 8, 32         # cap(): rounds it looks back over, the least it asks for
 DEPTH_FLOOR = 4                       # depth_cap(): the least depth it asks for
 PRIOR_DECAY = 0.6                     # a drawn child's prior acceptance, rank by rank (DrawnRanks)
+TABLE_ROWS = 512                      # VerifyCost's precomputed row counts (a round's trees are smaller)
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,25 @@ class VerifyCost:
     rows: tuple[int, ...]
     seconds: tuple[float, ...]
 
-    def __post_init__(self):   # the table as arrays once: the trim reads it every round
+    def __post_init__(self):   # the table as arrays once, and its value at every row count a round asks for
         object.__setattr__(self, "xs", np.array(self.rows, dtype=np.float32))
         object.__setattr__(self, "ys", np.array(self.seconds, dtype=np.float32))
+        object.__setattr__(self, "by_rows", self.interpolate(np.arange(TABLE_ROWS + 1)))
 
     def __call__(self, rows) -> np.ndarray:
         """Piecewise-linear in the row counts (an array or tensor); linear extrapolation past the last
-        measurement. NumPy: the trim calls it every round, and torch's per-op cost is most of a small op's."""
+        measurement. Whole row counts up to TABLE_ROWS read a table made once (the same values): the trim
+        asks every round, and even NumPy's per-call cost is most of a small array's."""
+        rows = np.asarray(rows)
+        if rows.dtype.kind in "iu" and rows.size and 0 <= rows.min() and rows.max() <= TABLE_ROWS:
+            return self.by_rows[rows]
+        return self.interpolate(rows)
+
+    def at(self, rows: int) -> float:
+        """One row count's seconds, as a float."""
+        return float(self.by_rows[rows]) if 0 <= rows <= TABLE_ROWS else float(self.interpolate([rows])[0])
+
+    def interpolate(self, rows) -> np.ndarray:
         xs, ys = self.xs, self.ys
         rows = np.maximum(np.asarray(rows, dtype=np.float32), xs[0])
         i = np.clip(np.searchsorted(xs, rows), 1, len(xs) - 1)
@@ -147,8 +160,9 @@ class AcceptanceModel:
         self.accepted = np.zeros(bins, dtype=np.float32)
 
     def bins(self, scores) -> np.ndarray:
-        """scores: host values (an array, or a CPU tensor)."""
-        return np.clip(-host(scores) / BIN_WIDTH, 0, len(self.prior) - 1).astype(np.int64)
+        """scores: host values (an array, or a CPU tensor). Two ufuncs, not np.clip: its Python-side checks
+        cost more than the clipping of a round's few dozen scores."""
+        return np.minimum(np.maximum(-host(scores) / BIN_WIDTH, 0), len(self.prior) - 1).astype(np.int64)
 
     def probability(self, scores) -> np.ndarray:
         b = self.bins(scores)
@@ -193,7 +207,7 @@ class AutoBudget:
         self.chosen: deque[int] = deque(maxlen=CAP_WINDOW)   # sizes kept by the last rounds' trims
         self.widths: deque[int] = deque(maxlen=CAP_WINDOW)   # drawn widths kept by the last rounds' trims
         self.depths: deque[int] = deque(maxlen=CAP_WINDOW)   # deepest nodes kept by the last rounds' trims
-        self.one_row = float(cost([1])[0])   # seconds of a one-row forward
+        self.one_row = cost.at(1)   # seconds of a one-row forward
         self.plain_seconds: float | None = None   # running mean of resting rounds' seconds (plain decoding here)
 
     @classmethod
@@ -241,10 +255,10 @@ class AutoBudget:
             return
         verified, self.verified = self.verified, None
         if verified is not None and not self.catching_up:   # the rest of the round: what no size changes
-            other = seconds - (self.t_draft or 0.0) - float(self.cost([verified + 1])[0])
+            other = seconds - (self.t_draft or 0.0) - self.cost.at(verified + 1)
             self.overhead = max(0.0, self.overhead + 0.2 * (self.clock("other", other, 0.0) - self.overhead))
         if self.clock.fixed:   # the round as the calibration prices it, not as this run's clock read it
-            seconds = (self.t_draft or 0.0) + self.overhead + float(self.cost([verified + 1])[0]) \
+            seconds = (self.t_draft or 0.0) + self.overhead + self.cost.at(verified + 1) \
                 if verified is not None else self.clock("round", seconds, self.one_row + self.overhead)
         if self.catching_up:
             self.catching_up = False
@@ -300,14 +314,22 @@ class AutoBudget:
             return self.trim_drawn(tree, shape)
         # stable: on equal scores the lower index (a parent before its child) comes first
         scores = host(tree.scores)
+        if bool((scores[1:] <= scores[:-1]).all()):   # best-first already (a heap walk's order): a prefix
+            size = self.choose(scores)
+            kept = tree.head(size)
+            self.keep_choice(size, int(kept.depth.max()) if size else 0)
+            return kept
         order = np.argsort(-scores, kind="stable")
         size = self.choose(scores[order])
-        self.chosen.append(size)
-        self.verified = size
         keep = np.zeros(len(tree), dtype=bool)
         keep[order[:size]] = True
-        self.depths.append(int(host(tree.depth)[keep].max()) if size else 0)
+        self.keep_choice(size, int(host(tree.depth)[keep].max()) if size else 0)
         return tree.select(torch.from_numpy(keep).to(tree.tokens.device))
+
+    def keep_choice(self, size: int, deepest: int) -> None:
+        self.chosen.append(size)
+        self.verified = size
+        self.depths.append(deepest)
 
     def trim_drawn(self, tree: DraftTree, shape: str = "chain") -> DraftTree:
         """A tree with drawn nodes (T > 0). Whether a drawn node is verified must not depend on which token

@@ -101,6 +101,14 @@ class DraftTree:
             return self
         return self.select(self.depth <= max_depth)
 
+    def head(self, n: int) -> DraftTree:
+        """The first n nodes: prefix-closed as they stand (parents come before children), no renumbering."""
+        if n >= len(self):
+            return self
+        scores = None if self.scores is None else self.scores[:n]
+        law = None if self.law is None else self.law[:n]
+        return DraftTree(self.tokens[:n], self.parents[:n], self.depth[:n], scores, self.q, law)
+
     def select(self, keep: torch.Tensor) -> DraftTree:
         """The nodes where keep [n] bool is set, plus any ancestor of theirs that is not, renumbered."""
         if self.tokens.device.type == "cpu":
