@@ -15,7 +15,8 @@ from .presets import Preset, PresetError, load
 PAIR_PRESETS = {"demo": ("pld",), SMOLLM2: ("smollm2-ddtree", "smollm2-ar")}
 # Where the target loads as its GGUF's own 4-bit blocks (q4: `auto` on a CPU with AVX512-VNNI and native bf16),
 # a one-row step reads under a third of bf16's bytes, so a round's drafting and host work weigh as much as a few
-# verified rows: the two-node marginal tree is the fastest measured on chat, at T=0 and T=0.7 (docs/smollm2.md).
+# verified rows: the small marginal tree (3 nodes at T=0, 2 at T > 0) is the fastest measured on chat, at T=0 and
+# T=0.7 (docs/smollm2.md).
 BLOCK_PRESETS = {SMOLLM2: ("smollm2-ddtree-small", "smollm2-ar")}
 
 

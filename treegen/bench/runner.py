@@ -132,7 +132,9 @@ def warm_up(contestants: list[Contestant], prompt: Prompt, settings: Settings) -
 
 def run_all(contestants: list[Contestant], prompts: list[Prompt], settings: Settings,
             on_run: Callable[[Run], None] | None = None) -> list[Run]:
-    """Every contestant on every prompt, `repeats` times, interleaved; the runs in the order they ran.
+    """Every contestant on every prompt, `repeats` times, interleaved; the runs in the order they ran. Each
+    (repeat, prompt) group starts one contestant further along, so no contestant always runs right after
+    the same one (the machine's state after a run is part of the next one's time).
     Ctrl-C raises BenchInterrupted with the (repeat, prompt) groups every contestant finished."""
     from .load import other_cores, sample
 
@@ -143,7 +145,8 @@ def run_all(contestants: list[Contestant], prompts: list[Prompt], settings: Sett
         for repeat in range(settings.repeats):
             for i in range(len(prompts)):
                 seed = settings.seed_for(i, repeat, len(prompts))
-                for c in contestants:
+                turn = (repeat * len(prompts) + i) % len(contestants)
+                for c in contestants[turn:] + contestants[:turn]:
                     before = sample()
                     out = c.run(encoded[c.label, i], settings.max_new_tokens, settings.temperature, seed)
                     runs.append(Run(c.label, i, repeat, out, other_cores(before, sample())))

@@ -196,8 +196,7 @@ class AutoBudget:
         self.cost, self.model, self.rests = cost, AcceptanceModel(), rests
         self.clock = clock or Clock()   # the seconds its choices read (engine/clock.py: fixed when sampling)
         self.ranks = DrawnRanks()     # drawn nodes' acceptance by depth and rank (trim_drawn)
-        self.t_draft: float | None = None   # running mean of drafting passes' seconds (typical ones only)
-        self.drafted = 0.0            # this round's own drafting seconds (round_done's `other` subtracts them)
+        self.t_draft: float | None = None
         self.overhead = 0.0           # a round's seconds besides drafting and the forward (trim, walk, commit)
         self.verified: int | None = None   # nodes the last trim kept
         self.rest, self.backoff = 0, 1
@@ -256,7 +255,7 @@ class AutoBudget:
             return
         verified, self.verified = self.verified, None
         if verified is not None and not self.catching_up:   # the rest of the round: what no size changes
-            other = seconds - self.drafted - self.cost.at(verified + 1)
+            other = seconds - (self.t_draft or 0.0) - self.cost.at(verified + 1)
             self.overhead = max(0.0, self.overhead + 0.2 * (self.clock("other", other, 0.0) - self.overhead))
         if self.clock.fixed:   # the round as the calibration prices it, not as this run's clock read it
             seconds = (self.t_draft or 0.0) + self.overhead + self.cost.at(verified + 1) \
@@ -306,7 +305,6 @@ class AutoBudget:
         """shape: the drafter's `draw_shape` (the drawn part's nominal nodes a depth, for the cost)."""
         if tree.scores is None or len(tree) == 0:
             return tree  # a method without path scores keeps its own size (prompt-lookup rounds too)
-        self.drafted = t_draft
         if self.t_draft is None:    # the first pass folds the whole prompt: not a typical one
             self.t_draft = self.clock.value("draft", self.one_row) if self.clock.fixed else t_draft
         elif not (self.catching_up or self.first_pass):  # nor is a pass folding a rest's (or a prompt's) context

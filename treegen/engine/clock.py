@@ -3,21 +3,19 @@
 Greedy: the clock measured now (a choice changes the speed, never the tokens). Sampling: a tree's shape
 decides which random numbers are drawn and what they are compared with, so a choice that read this run's
 clock would give the same seed other tokens on the next run. There the choices read this machine's
-calibration instead: per kind of time, its median over a sampled generation of the same target, method
-and setting (a median: the passes that fold a prompt are few and long), kept on disk (round-times.json). Without one, the Generator first runs a short sampled generation of
+calibration instead: per kind of time, its mean over a sampled generation of the same target, method and
+setting, kept on disk (round-times.json). Without one, the Generator first runs a short sampled generation of
 its own to measure it (api.Generator._clock); kept if the machine was quiet, from then on, the first run
 included, a seed fixes the tokens.
 """
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from pathlib import Path
 
 from .disk import LoadWatch, cache_root, keep_if_quiet, read_table
 
 MIN_SAMPLES = 3   # a kind measured fewer times is not kept (a choice that reads it falls back, below)
-VERSION = 2       # in every key: a calibration an older rule measured is measured again, not read
 
 
 def calibration_file() -> Path:
@@ -25,46 +23,45 @@ def calibration_file() -> Path:
 
 
 class Clock:
-    """clock(kind, measured seconds) -> the seconds a choice reads: `measured`, or the calibrated median of
-    `kind` (fixed). Until then every reading is kept, for calibrate()."""
+    """clock(kind, measured seconds) -> the seconds a choice reads: `measured`, or the calibrated mean of
+    `kind` (fixed). Every reading is also summed, for calibrate()."""
 
     def __init__(self, key: str | None = None, sampling: bool = False):
-        # the target, method and setting this calibration belongs to (None: never kept)
-        self.key = None if key is None else f"{key}|clock={VERSION}"
-        self.calibrated: dict[str, float] | None = None
+        self.key = key   # the target, method and setting this calibration belongs to (None: never kept)
+        self.means: dict[str, float] | None = None
         if sampling and key is not None:
-            entry = read_table(calibration_file()).get(self.key)
+            entry = read_table(calibration_file()).get(key)
             if isinstance(entry, dict) and entry and all(isinstance(v, float) for v in entry.values()):
-                self.calibrated = entry
+                self.means = entry
         self.sampling = sampling
-        self.readings: dict[str, list[float]] = defaultdict(list)
+        self.sums: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
 
     @property
     def fixed(self) -> bool:
         """Choices read the calibration, not this run's clock."""
-        return self.calibrated is not None
+        return self.means is not None
 
     def __call__(self, kind: str, measured: float, default: float | None = None) -> float:
-        if not self.fixed:   # calibrate() reads them; a fixed clock keeps none (a long chat's rounds)
-            self.readings[kind].append(measured)
-            return measured
-        return self.value(kind, default)
+        self.sums[kind] += measured
+        self.counts[kind] += 1
+        return self.value(kind, default) if self.fixed else measured
 
     def value(self, kind: str, default: float | None = None) -> float:
         """The calibrated seconds of `kind`; a kind the calibration never saw reads as `default` (a caller's
         estimate from fixed data), else the mean of the kinds it did: the same on every run."""
-        assert self.calibrated is not None
-        if kind in self.calibrated:
-            return self.calibrated[kind]
-        return default if default is not None else sum(self.calibrated.values()) / len(self.calibrated)
+        assert self.means is not None
+        if kind in self.means:
+            return self.means[kind]
+        return default if default is not None else sum(self.means.values()) / len(self.means)
 
     def calibrate(self, watch: LoadWatch) -> None:
-        """After a sampled generation measured on this clock: keep its medians (if the machine was quiet) and
+        """After a sampled generation measured on this clock: keep its means (if the machine was quiet) and
         read them from now on, as the next run will."""
         if not self.sampling or self.fixed or self.key is None:
             return
-        calibrated = {k: float(statistics.median(v)) for k, v in self.readings.items() if len(v) >= MIN_SAMPLES}
-        if calibrated:
-            keep_if_quiet(watch, calibration_file(), self.key, calibrated, "round times")
+        means = {k: self.sums[k] / n for k, n in self.counts.items() if n >= MIN_SAMPLES}
+        if means:
+            keep_if_quiet(watch, calibration_file(), self.key, means, "round times")
             if not watch.busy:
-                self.calibrated = calibrated
+                self.means = means
