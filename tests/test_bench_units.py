@@ -132,7 +132,7 @@ def test_runs_are_interleaved_after_one_warm_up_each():
     runs = run_all(contestants, prompts, Settings(5, 0.7, repeats=2, seed=10))
     assert log[:3] == [(name, 1, WARMUP_TOKENS, 10) for name in ("ar", "pld", "hf-generate")]
     names = ["ar", "pld", "hf-generate"]
-    # each (repeat, prompt) group starts one contestant further along: none always follows the same one
+    # each (repeat, prompt) group starts one contestant further along: each takes every place in turn
     expected = [(c, p, r) for r in range(2) for p in range(2)
                 for c in names[(2 * r + p) % 3:] + names[:(2 * r + p) % 3]]
     assert [(r.label, r.prompt, r.repeat) for r in runs] == expected

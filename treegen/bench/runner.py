@@ -133,8 +133,8 @@ def warm_up(contestants: list[Contestant], prompt: Prompt, settings: Settings) -
 def run_all(contestants: list[Contestant], prompts: list[Prompt], settings: Settings,
             on_run: Callable[[Run], None] | None = None) -> list[Run]:
     """Every contestant on every prompt, `repeats` times, interleaved; the runs in the order they ran. Each
-    (repeat, prompt) group starts one contestant further along, so no contestant always runs right after
-    the same one (the machine's state after a run is part of the next one's time).
+    (repeat, prompt) group starts one contestant further along, so each takes every place in a group in
+    turn, first included (the machine's state after a run is part of the next one's time).
     Ctrl-C raises BenchInterrupted with the (repeat, prompt) groups every contestant finished."""
     from .load import other_cores, sample
 
